@@ -1,0 +1,41 @@
+# `make test` and `make reproduce` work on a fresh clone: they create .venv and install what they need.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+ONLY ?=
+SLUGS := $(if $(ONLY),$(ONLY),$(sort $(basename $(notdir $(filter-out configs/__init__.py,$(wildcard configs/*.py))))))
+PRESET ?= quick
+
+.PHONY: install test test-all reproduce report clean
+
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# The suite that CI runs: everything but tests marked `slow`, on 2 workers.
+test: $(STAMP)
+	$(BIN)/python -m pytest -n 2 -q --durations=15 -m "not slow"
+
+test-all: $(STAMP)
+	$(BIN)/python -m pytest -n 2 -q --durations=15
+
+# Runs the quick preset of every experiment (or ONLY=<slug>), then rebuilds results/REPORT.md
+# and the README table from results/*.json.
+reproduce: $(STAMP)
+	@for slug in $(SLUGS); do \
+	  echo "== $$slug ($(PRESET)) =="; \
+	  $(BIN)/python -m experiments.$$slug --config=configs/$$slug.py:$(PRESET) \
+	    --workdir=workdirs/$$slug-$(PRESET) || exit 1; \
+	done
+	$(BIN)/python -m experiments.report
+
+report: $(STAMP)
+	$(BIN)/python -m experiments.report
+
+clean:
+	rm -rf $(VENV) workdirs .pytest_cache

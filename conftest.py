@@ -1,0 +1,21 @@
+"""Test-only JAX setup. It runs before any test module imports JAX.
+
+8 simulated CPU devices (so data-parallel code is exercised), strict rank promotion (silent
+broadcasting bugs fail), fewer XLA optimisations (compiles faster), and a persistent compile cache.
+Library code never sets these.
+"""
+import os
+
+os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
+os.environ.setdefault("JAX_NUMPY_RANK_PROMOTION", "raise")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("JAXLAB_SMOKE", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import jax  # pylint: disable=g-import-not-at-top
+
+jax.config.update("jax_disable_most_optimizations", True)
+jax.config.update(
+    "jax_compilation_cache_dir",
+    os.path.join(os.path.expanduser("~"), ".cache", "jaxlab-jax-tests"))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)

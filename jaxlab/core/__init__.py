@@ -1,0 +1,1 @@
+"""Shared machinery: mesh, train loop, checkpoints, metrics, configs, CLI, results. Paper-agnostic."""

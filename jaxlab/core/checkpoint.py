@@ -1,0 +1,91 @@
+"""Checkpoints: the only module that imports orbax.
+
+A checkpoint at step N holds the state pytree (parameters, optimiser state: pure arrays, never NNX
+graph objects or PRNG keys), the data iterator's state (JSON) and a small JSON of metadata. Restores
+go through an abstract tree that carries shardings, so arrays land where the mesh wants them.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from etils import epath
+import jax
+import orbax.checkpoint as ocp
+
+
+class Checkpointer:
+  """Save / find / restore checkpoints under `directory` (made absolute, as orbax requires)."""
+
+  def __init__(self, directory: str | os.PathLike, max_to_keep: int = 2,
+               async_save: bool = True):
+    self.directory = epath.Path(os.fspath(directory)).resolve()
+    self._manager = ocp.CheckpointManager(
+        self.directory,
+        options=ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep, create=True,
+            enable_async_checkpointing=async_save),
+        item_names=("state", "data", "meta"))
+
+  def latest_step(self) -> int | None:
+    return self._manager.latest_step()
+
+  def all_steps(self) -> list[int]:
+    return list(self._manager.all_steps())
+
+  def save(self, step: int, state: Any, *, data_state: dict[str, Any] | None = None,
+           meta: dict[str, Any] | None = None) -> None:
+    """Saves asynchronously; errors surface at the next save, `wait` or `close`."""
+    if step in self._manager.all_steps():
+      return
+    self._manager.save(
+        step,
+        args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state),
+            data=ocp.args.JsonSave(data_state or {}),
+            meta=ocp.args.JsonSave(meta or {})))
+
+  def restore(self, step: int, abstract_state: Any
+              ) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """Returns (state, data_state, meta) of `step`.
+
+    `abstract_state` is a pytree of `jax.ShapeDtypeStruct`s with shardings (from
+    `abstract_like`); the restored arrays take those shardings.
+    """
+    restored = self._manager.restore(
+        step,
+        args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract_state),
+            data=ocp.args.JsonRestore(),
+            meta=ocp.args.JsonRestore()))
+    return restored["state"], dict(restored["data"] or {}), dict(restored["meta"] or {})
+
+  def wait(self) -> None:
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    self._manager.wait_until_finished()
+    self._manager.close()
+
+  def __enter__(self) -> "Checkpointer":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+
+def abstract_like(tree: Any, sharding: Any = None) -> Any:
+  """ShapeDtypeStructs of `tree`, with `sharding` (or each leaf's own sharding)."""
+  def leaf(x):
+    return jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                sharding=sharding if sharding is not None else x.sharding)
+  return jax.tree.map(leaf, tree)
+
+
+def latest_step(directory: str | os.PathLike) -> int | None:
+  """The newest complete checkpoint step under `directory`, or None."""
+  path = epath.Path(os.fspath(directory)).resolve()
+  if not path.exists():
+    return None
+  with Checkpointer(path) as checkpointer:
+    return checkpointer.latest_step()

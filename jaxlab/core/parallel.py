@@ -1,0 +1,96 @@
+"""Devices: one `("data",)` mesh, replicated state, batches sharded on their leading axis.
+
+This is the SPMD replacement for `jax.pmap`: `jax.jit` over arrays with `NamedSharding`s inserts the
+gradient all-reduce itself. `jax.shard_map` (with `lax.pmean`/`all_gather`) is for the few places
+where per-device semantics matter; `shard_map_over_data` wraps it for the data axis.
+
+Nothing here touches the JAX backend at import time, so `--distributed` can call
+`jax.distributed.initialize()` first.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import jax
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+import ml_collections
+import numpy as np
+
+from jaxlab.core import config as config_lib
+
+DATA_AXIS = "data"
+_distributed_initialized = False
+
+
+def maybe_init_distributed(enabled: bool | None = None) -> bool:
+  """Calls `jax.distributed.initialize()` for multi-host runs (TPU pods, Slurm, MPI).
+
+  Enabled by `--distributed` or `JAXLAB_DISTRIBUTED=1`. Must run before any other JAX call.
+  """
+  global _distributed_initialized
+  if enabled is None:
+    enabled = os.environ.get("JAXLAB_DISTRIBUTED", "0") == "1"
+  if enabled and not _distributed_initialized:
+    jax.distributed.initialize()
+    _distributed_initialized = True
+  return enabled
+
+
+def make_mesh(mesh_config: ml_collections.ConfigDict | None = None,
+              devices: list[jax.Device] | None = None) -> Mesh:
+  """A 1-D `("data",)` mesh over `devices` (default: all), with `AxisType.Auto`.
+
+  Auto axes keep the classic propagation: parameters replicated, the batch sharded, and XLA adds
+  the reduction of gradients. (`jax.make_mesh` defaults to Explicit axes, under which a plain
+  data-parallel gradient raises a ShardingTypeError.)
+  """
+  devices = list(devices if devices is not None else jax.devices())
+  size = len(devices)
+  if mesh_config is not None:
+    size = config_lib.data_axis_size(
+        ml_collections.ConfigDict(dict(mesh=mesh_config)), len(devices))
+  return jax.make_mesh((size,), (DATA_AXIS,), axis_types=(AxisType.Auto,),
+                       devices=devices[:size])
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())
+
+
+def data_sharded(mesh: Mesh) -> NamedSharding:
+  """Leading axis split over the data axis, the rest replicated."""
+  return NamedSharding(mesh, P(DATA_AXIS))
+
+
+def shard_batch(batch: Any, mesh: Mesh) -> Any:
+  """Host-local numpy batch -> global arrays sharded over the data axis.
+
+  On one host the local batch is the global batch; on a pod each process passes its own slice
+  (what `grain_pipeline` yields for its process index) and the global batch is their union.
+  """
+  sharding = data_sharded(mesh)
+  return jax.tree.map(
+      lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), batch)
+
+
+def replicate(tree: Any, mesh: Mesh) -> Any:
+  """Places a pytree of host values on every device of the mesh."""
+  return jax.device_put(tree, replicated(mesh))
+
+
+def shard_map_over_data(fn: Callable[..., Any], mesh: Mesh, *, in_specs: Any,
+                        out_specs: Any) -> Callable[..., Any]:
+  """`jax.shard_map` over the data axis, for code that needs each device's own view."""
+  return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
+
+
+def describe_devices() -> str:
+  """A short description for results.json, e.g. `cpu x8` or `gpu x1 (NVIDIA H200)`."""
+  devices = jax.devices()
+  kind = devices[0].device_kind
+  text = f"{devices[0].platform} x{len(devices)}"
+  text += f" ({os.cpu_count()} cores)" if devices[0].platform == "cpu" else f" ({kind})"
+  if jax.process_count() > 1:
+    text += f" over {jax.process_count()} processes"
+  return text
