@@ -1,0 +1,1 @@
+"""TFDS builders (array_record, no TensorFlow) and the grain pipeline."""

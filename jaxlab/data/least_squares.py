@@ -1,0 +1,164 @@
+"""The least-squares task family: random problems `b = A x*` and random sequences for primitives.
+
+`sample_problems` / `sample_sequences` define the distributions once, in JAX, so a method can draw
+fresh samples inside a jitted step; the TFDS builders below store fixed train/test splits drawn
+from the same functions (array_record, no TensorFlow).
+
+Problems: rows a_i ~ N(0, I_d), x* ~ N(0, I_d), x_init ~ N(0, I_d), b = A x* (no noise). With
+`condition_number > 1`, A's singular values are mapped affinely onto [1, condition_number].
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tensorflow_datasets as tfds
+
+from jaxlab.data import pipeline
+
+_CHUNK = 8192
+
+
+def sample_problems(key: jax.Array, count: int, n: int, d: int,
+                    condition_number: float = 0.0, dtype=jnp.float64) -> dict[str, jax.Array]:
+  """`count` problems: A [count, n, d], b [count, n], x_star [count, d], x_init [count, d]."""
+  key_a, key_x, key_init = jax.random.split(key, 3)
+  a = jax.random.normal(key_a, (count, n, d), dtype)
+  if condition_number and condition_number > 1:
+    u, s, vt = jnp.linalg.svd(a, full_matrices=False)
+    s_min, s_max = s.min(-1, keepdims=True), s.max(-1, keepdims=True)
+    s = 1 + (s - s_min) / (s_max - s_min) * (condition_number - 1)
+    a = jnp.einsum("cnk,ck,ckd->cnd", u, s, vt)
+  x_star = jax.random.normal(key_x, (count, d), dtype)
+  x_init = jax.random.normal(key_init, (count, d), dtype)
+  b = jnp.einsum("cnd,cd->cn", a, x_star)
+  return {"A": a, "b": b, "x_star": x_star, "x_init": x_init}
+
+
+def sample_sequences(key: jax.Array, count: int, length: int, width: int,
+                     dtype=jnp.float64) -> dict[str, jax.Array]:
+  """`count` Gaussian sequences u [count, length, width] (inputs of the primitive tasks)."""
+  return {"u": jax.random.normal(key, (count, length, width), dtype)}
+
+
+def float64_tensor(shape: tuple[int, ...]) -> tfds.features.Tensor:
+  """A float64 feature stored as raw bytes: the default encoding goes through tf.train.Example's
+  float32 FloatList and would silently round every value to single precision."""
+  return tfds.features.Tensor(shape=shape, dtype=np.float64,
+                              encoding=tfds.features.Encoding.BYTES)
+
+
+@dataclasses.dataclass
+class LeastSquaresConfig(tfds.core.BuilderConfig):
+  d: int = 5
+  n: int = 20
+  condition_number: float = 0.0
+  num_train: int = 65536
+  num_test: int = 4096
+  seed: int = 0
+
+
+def least_squares_config(*, d: int, n: int, num_train: int, num_test: int,
+                         condition_number: float = 0.0, seed: int = 0) -> LeastSquaresConfig:
+  """A builder config whose name encodes every parameter (so each size is cached separately)."""
+  kappa = f"_kappa{condition_number:g}" if condition_number > 1 else ""
+  return LeastSquaresConfig(
+      name=f"d{d}_n{n}{kappa}_train{num_train}_test{num_test}_seed{seed}", d=d, n=n,
+      condition_number=condition_number, num_train=num_train, num_test=num_test, seed=seed)
+
+
+class LeastSquaresProblems(tfds.core.GeneratorBasedBuilder):
+  """Random least-squares problems (float64), train and test splits."""
+
+  VERSION = tfds.core.Version("1.1.0")
+  RELEASE_NOTES = {"1.1.0": "float64 stored exactly (bytes encoding)."}
+  BUILDER_CONFIGS = [least_squares_config(d=5, n=20, num_train=65536, num_test=4096)]
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    c = self.builder_config
+    tensor = lambda *shape: float64_tensor(shape)
+    return tfds.core.DatasetInfo(
+        builder=self,
+        description=__doc__,
+        features=tfds.features.FeaturesDict({
+            "A": tensor(c.n, c.d), "b": tensor(c.n), "x_star": tensor(c.d),
+            "x_init": tensor(c.d)}),
+    )
+
+  def _split_generators(self, dl_manager):
+    c = self.builder_config
+    return {"train": self._generate_examples(c.seed, 0, c.num_train),
+            "test": self._generate_examples(c.seed, 1, c.num_test)}
+
+  def _generate_examples(self, seed: int, split_index: int, count: int):
+    c = self.builder_config
+    key = jax.random.fold_in(jax.random.key(seed), split_index)
+    for start in range(0, count, _CHUNK):
+      size = min(_CHUNK, count - start)
+      with jax.enable_x64(True):
+        chunk = jax.device_get(sample_problems(jax.random.fold_in(key, start), size, c.n, c.d,
+                                               c.condition_number))
+      for i in range(size):
+        yield start + i, {name: np.asarray(value[i]) for name, value in chunk.items()}
+
+
+@dataclasses.dataclass
+class GaussianSequencesConfig(tfds.core.BuilderConfig):
+  length: int = 40
+  width: int = 20
+  num_train: int = 65536
+  num_test: int = 4096
+  seed: int = 0
+
+
+def gaussian_sequences_config(*, length: int, width: int, num_train: int, num_test: int,
+                              seed: int = 0) -> GaussianSequencesConfig:
+  return GaussianSequencesConfig(
+      name=f"l{length}_w{width}_train{num_train}_test{num_test}_seed{seed}", length=length,
+      width=width, num_train=num_train, num_test=num_test, seed=seed)
+
+
+class GaussianSequences(tfds.core.GeneratorBasedBuilder):
+  """Standard-normal sequences u [length, width] (float64), the inputs of primitive tasks."""
+
+  VERSION = tfds.core.Version("1.1.0")
+  RELEASE_NOTES = {"1.1.0": "float64 stored exactly (bytes encoding)."}
+  BUILDER_CONFIGS = [gaussian_sequences_config(length=40, width=20, num_train=65536,
+                                               num_test=4096)]
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    c = self.builder_config
+    return tfds.core.DatasetInfo(
+        builder=self,
+        description=self.__doc__,
+        features=tfds.features.FeaturesDict({
+            "u": float64_tensor((c.length, c.width))}),
+    )
+
+  def _split_generators(self, dl_manager):
+    c = self.builder_config
+    return {"train": self._generate_examples(c.seed, 0, c.num_train),
+            "test": self._generate_examples(c.seed, 1, c.num_test)}
+
+  def _generate_examples(self, seed: int, split_index: int, count: int):
+    c = self.builder_config
+    key = jax.random.fold_in(jax.random.key(seed), split_index)
+    for start in range(0, count, _CHUNK):
+      size = min(_CHUNK, count - start)
+      with jax.enable_x64(True):
+        chunk = jax.device_get(sample_sequences(jax.random.fold_in(key, start), size,
+                                                c.length, c.width))
+      for i in range(size):
+        yield start + i, {"u": np.asarray(chunk["u"][i])}
+
+
+def load(builder_config: tfds.core.BuilderConfig, data_dir: str | None = None
+         ) -> tfds.core.DatasetBuilder:
+  """Builds (once, cached under data_dir) and returns the prepared builder for a config."""
+  builder_cls = (LeastSquaresProblems if isinstance(builder_config, LeastSquaresConfig)
+                 else GaussianSequences)
+  builder = builder_cls(config=builder_config, data_dir=data_dir or pipeline.default_data_dir(),
+                        file_format="array_record")
+  return pipeline.prepare(builder)

@@ -1,0 +1,1 @@
+"""The shared Flax NNX module zoo. Generic layers only; nothing here knows any paper."""

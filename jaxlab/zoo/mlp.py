@@ -1,0 +1,60 @@
+"""Multi-layer perceptrons."""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+
+ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "gelu": jax.nn.gelu,
+    "relu": jax.nn.relu,
+    "silu": jax.nn.silu,
+    "tanh": jnp.tanh,
+    "identity": lambda x: x,
+}
+
+
+def normal_linear(in_features: int, out_features: int, *, std: float, rngs: nnx.Rngs,
+                  use_bias: bool = True, param_dtype=jnp.float32) -> nnx.Linear:
+  """A Linear layer with N(0, std^2) weights and zero bias (the GPT-2 initialisation)."""
+  return nnx.Linear(in_features, out_features, use_bias=use_bias,
+                    kernel_init=nnx.initializers.normal(std),
+                    bias_init=nnx.initializers.zeros_init(), param_dtype=param_dtype,
+                    rngs=rngs)
+
+
+class MLP(nnx.Module):
+  """x -> act(W1 x) -> ... -> W_last x. `features` = [in, hidden..., out].
+
+  `init_std` gives N(0, std^2) weights (None: Flax's default LeCun normal); `out_init_std`
+  overrides it for the last layer (GPT-2 scales the residual projection by 1/sqrt(2 * depth)).
+  """
+
+  def __init__(self, features: Sequence[int], *, activation: str = "gelu",
+               init_std: float | None = None, out_init_std: float | None = None,
+               param_dtype=jnp.float32, rngs: nnx.Rngs):
+    if len(features) < 2:
+      raise ValueError(f"MLP needs at least [in, out] features, got {list(features)}")
+    if activation not in ACTIVATIONS:
+      raise ValueError(f"unknown activation {activation!r}; choose one of {sorted(ACTIVATIONS)}")
+    self.activation = activation
+    layers = []
+    last = len(features) - 2
+    for i, (fan_in, fan_out) in enumerate(zip(features[:-1], features[1:])):
+      std = out_init_std if (i == last and out_init_std is not None) else init_std
+      if std is None:
+        layers.append(nnx.Linear(fan_in, fan_out, param_dtype=param_dtype, rngs=rngs))
+      else:
+        layers.append(normal_linear(fan_in, fan_out, std=std, param_dtype=param_dtype,
+                                    rngs=rngs))
+    self.layers = nnx.List(layers)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    act = ACTIVATIONS[self.activation]
+    for i, layer in enumerate(self.layers):
+      x = layer(x)
+      if i < len(self.layers) - 1:
+        x = act(x)
+    return x
