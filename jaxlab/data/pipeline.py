@@ -109,4 +109,6 @@ def grain_pipeline(source: Any, *, batch_size: int, seed: int, process_index: in
   batches = batches.map(lambda index: collate(source.__getitems__(index.tolist())))
   if transform is not None:
     batches = batches.map(transform)
-  return iter(batches.to_iter_dataset())
+  # One reader thread and a short queue: batches are cheap index lookups, and grain's defaults
+  # (16 threads, 500 elements) would compete with XLA for a laptop's few cores.
+  return iter(batches.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=4)))

@@ -25,6 +25,15 @@ def normal_linear(in_features: int, out_features: int, *, std: float, rngs: nnx.
                     rngs=rngs)
 
 
+def torch_default_linear(in_features: int, out_features: int, *, rngs: nnx.Rngs,
+                         param_dtype=jnp.float32) -> nnx.Linear:
+  """A Linear layer initialised like torch.nn.Linear: weights and bias U(+-1/sqrt(fan_in))."""
+  bound = 1.0 / in_features**0.5
+  uniform = lambda key, shape, dtype: jax.random.uniform(key, shape, dtype, -bound, bound)
+  return nnx.Linear(in_features, out_features, kernel_init=uniform, bias_init=uniform,
+                    param_dtype=param_dtype, rngs=rngs)
+
+
 class MLP(nnx.Module):
   """x -> act(W1 x) -> ... -> W_last x. `features` = [in, hidden..., out].
 

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxlab.zoo.attention import Attention
-from jaxlab.zoo.mlp import MLP, normal_linear
+from jaxlab.zoo.mlp import MLP, normal_linear, torch_default_linear
 
 CONV_IMPLS = ("toeplitz", "fft")
 
@@ -75,18 +75,22 @@ class LongConv(nnx.Module):
 
 
 class BaseConv(nnx.Module):
-  """Gated long convolution: w0 * W_out[(K * W_in u + b_K) (W_p u + b_p)] + w1 * u."""
+  """Gated long convolution: w0 * W_out[(K * W_in u + b_K) (W_p u + b_p)] + w1 * u.
+
+  All three projections start N(0, init_std^2) (GPT-2 scales only attention's and the MLP's
+  output projections, not this one).
+  """
 
   def __init__(self, width: int, max_len: int, *, conv_impl: str = "toeplitz",
                conv_residual: bool = True, init_std: float = 0.02,
-               out_init_std: float = 0.02, param_dtype=jnp.float32, rngs: nnx.Rngs):
-    linear = lambda std: normal_linear(width, width, std=std, param_dtype=param_dtype, rngs=rngs)
+               param_dtype=jnp.float32, rngs: nnx.Rngs):
+    linear = lambda: normal_linear(width, width, std=init_std, param_dtype=param_dtype, rngs=rngs)
     self.width = width
-    self.in_proj = linear(init_std)
+    self.in_proj = linear()
     self.conv = LongConv(width, max_len, impl=conv_impl, residual=conv_residual,
                          param_dtype=param_dtype, rngs=rngs)
-    self.gate_proj = linear(init_std)
-    self.out_proj = linear(out_init_std)
+    self.gate_proj = linear()
+    self.out_proj = linear()
     self.branch = nnx.Param(jnp.array([1.0, 0.0], dtype=param_dtype))
 
   def __call__(self, u: jax.Array, last_only: bool = False) -> jax.Array:
@@ -106,18 +110,19 @@ MixerFactory = Callable[[nnx.Rngs], nnx.Module]
 
 def mixer_factory(kind: str, width: int, max_len: int, *, num_heads: int = 1,
                   causal: bool = True, conv_impl: str = "toeplitz",
-                  conv_residual: bool = True, out_init_std: float = 0.02,
-                  param_dtype=jnp.float32) -> MixerFactory:
+                  conv_residual: bool = True, init_std: float = 0.02,
+                  out_init_std: float = 0.02, param_dtype=jnp.float32) -> MixerFactory:
   """Names a mixer: "baseconv", "softmax_attention" or "linear_attention"."""
   if kind == "baseconv":
     if not causal:
       raise ValueError("BaseConv's long convolution is causal; set causal=True")
     return lambda rngs: BaseConv(width, max_len, conv_impl=conv_impl,
-                                 conv_residual=conv_residual, out_init_std=out_init_std,
+                                 conv_residual=conv_residual, init_std=init_std,
                                  param_dtype=param_dtype, rngs=rngs)
   if kind in ("softmax_attention", "linear_attention"):
     return lambda rngs: Attention(width, num_heads, kind=kind.split("_")[0], causal=causal,
-                                  out_init_std=out_init_std, param_dtype=param_dtype, rngs=rngs)
+                                  init_std=init_std, out_init_std=out_init_std,
+                                  param_dtype=param_dtype, rngs=rngs)
   raise ValueError(f"unknown mixer {kind!r}; choose one of {MIXERS}")
 
 
@@ -151,7 +156,11 @@ class Block(nnx.Module):
 
 
 class Backbone(nnx.Module):
-  """GPT-2-style sequence model around any mixer: [B, L, d_in] -> [B, L, d_out]."""
+  """GPT-2-style sequence model around any mixer: [B, L, d_in] -> [B, L, d_out].
+
+  Read-in and read-out are initialised like torch.nn.Linear (U(+-1/sqrt(fan_in))); the blocks
+  and positions like GPT-2 (N(0, init_std^2), residual projections / sqrt(2 * depth)).
+  """
 
   def __init__(self, *, d_in: int, d_out: int, width: int, depth: int, max_len: int,
                mixer: str = "baseconv", num_heads: int = 1, causal: bool = True,
@@ -162,9 +171,10 @@ class Backbone(nnx.Module):
     out_std = init_std / math.sqrt(2 * depth)
     make_mixer = mixer_factory(mixer, width, max_len, num_heads=num_heads, causal=causal,
                                conv_impl=conv_impl, conv_residual=conv_residual,
-                               out_init_std=out_std, param_dtype=param_dtype)
+                               init_std=init_std, out_init_std=out_std,
+                               param_dtype=param_dtype)
     self.d_in, self.max_len = d_in, max_len
-    self.read_in = normal_linear(d_in, width, std=init_std, param_dtype=param_dtype, rngs=rngs)
+    self.read_in = torch_default_linear(d_in, width, param_dtype=param_dtype, rngs=rngs)
     self.positions = nnx.Param(
         nnx.initializers.normal(init_std)(rngs.params(), (max_len, width), param_dtype))
     self.blocks = nnx.List([
@@ -174,8 +184,7 @@ class Backbone(nnx.Module):
         for _ in range(depth)])
     self.final_norm = (nnx.LayerNorm(width, epsilon=1e-5, param_dtype=param_dtype, rngs=rngs)
                        if final_layernorm else None)
-    self.read_out = normal_linear(width, d_out, std=init_std, param_dtype=param_dtype,
-                                  rngs=rngs)
+    self.read_out = torch_default_linear(width, d_out, param_dtype=param_dtype, rngs=rngs)
 
   def __call__(self, x: jax.Array, last_only: bool = False) -> jax.Array:
     """x: [B, L, d_in] -> [B, L, d_out].
