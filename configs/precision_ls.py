@@ -1,0 +1,101 @@
+"""precision_ls: high-precision least squares with polynomial sequence models (ICLR 2025).
+
+COMMAND: python -m experiments.precision_ls --config=configs/precision_ls.py:quick
+EXPECTED (quick, float64, d=5, n=20, ~10 min on 2 CPU cores): the hand-set BaseConv iterated
+  reaches the same MSE as explicit GD (<= 1e-13); trained BaseConv with the recipe has a one-step
+  gradient MSE orders of magnitude below softmax attention; on the multiply primitive BaseConv is
+  orders of magnitude below softmax attention. Measured numbers: results/precision_ls.json.
+
+Presets: smoke (tests, seconds), quick (the CPU reproduction), paper (the official scale: batch
+1024, 2.5M steps, adaptive schedule every 3000 steps; for an accelerator).
+
+The reproduction trains each entry of `variants` (overrides of model/optim/data/train) in its own
+sub-workdir; `run_variants` picks a comma-separated subset ("all" by default).
+"""
+from __future__ import annotations
+
+import ml_collections
+
+from jaxlab.core import config as config_lib
+
+BASECONV = dict(mixer="baseconv", causal=True, use_mlp=False, use_layernorm=False,
+                final_layernorm=False)
+RECIPE = dict(lr=1e-2, eps=1e-16, ema_strength=2.0, schedule="adaptive")
+PLAIN = dict(lr=1e-2, eps=1e-8, ema_strength=0.0, schedule="constant")
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  arg = config_lib.parse_arg(arg, default_preset="quick", steps=0)
+  preset = arg.preset
+  c = config_lib.base_config(preset=preset, seed=0)
+  c.precision = "float64"
+
+  c.model = ml_collections.ConfigDict(dict(
+      mixer="baseconv", width=64, depth=3, num_heads=1, causal=True, use_mlp=False,
+      use_layernorm=False, final_layernorm=False, conv_impl="toeplitz", conv_residual=True,
+      mlp_activation="gelu", init_std=0.02))
+  c.data = ml_collections.ConfigDict(dict(
+      task="gradient", d=5, n=20, length=40, width=20, k_steps=4, step_size=0.5,
+      condition_number=0.0, num_train=65536, num_test=1024, seed=0,
+      data_dir=ml_collections.config_dict.placeholder(str)))
+  c.optim = ml_collections.ConfigDict(dict(
+      lr=1e-2, b1=0.9, b2=0.999, eps=1e-16, clip_norm=100.0, skip_norm=1e3,
+      ema_decay=0.98, ema_strength=2.0,
+      schedule="adaptive", gamma=0.9, period=3000, min_lr=1e-10,
+      stats_every=1000, stats_batches=64, stats_ema=0.9, threshold=0.9,
+      direction="official_code", warmup=1000))
+  c.train.update(dict(steps=2_500_000, batch_size=1024, log_every=1000, eval_every=50_000,
+                      ckpt_every=50_000))
+  c.eval.update(dict(batch_size=256, num_batches=4, num_problems=1024,
+                     handset_iterations=300, learned_iterations=200, iterate_step_size=0.5))
+
+  # Gradient task: one backbone (3 layers, width 64, no MLP, no LayerNorm), mixers swapped.
+  # Attention follows the official attention runs (non-causal, head dim 16, lr 5e-4 scaled to
+  # the batch, step schedule, EMA filter); BaseConv the official recipe.
+  attention = lambda kind: dict(mixer=kind, num_heads=4, causal=False, use_mlp=False,
+                                use_layernorm=False, final_layernorm=False)
+  attention_optim = dict(RECIPE, lr=1e-3, schedule="step")
+  # Multiply primitive: the official primitive setting (2 layers, width 64, ReLU MLPs, no
+  # LayerNorm, one head, lr 1e-3, step schedule, no EMA filter).
+  primitive = lambda kind: dict(mixer=kind, depth=2, num_heads=1, causal=True, use_mlp=True,
+                                mlp_activation="relu", use_layernorm=False,
+                                final_layernorm=False)
+  primitive_optim = dict(lr=1e-3, eps=1e-16, ema_strength=0.0, schedule="step")
+  c.variants = ml_collections.ConfigDict({
+      "baseconv_recipe": dict(model=BASECONV, optim=RECIPE),
+      "baseconv_plain": dict(model=BASECONV, optim=PLAIN),
+      "linear_attention": dict(model=attention("linear_attention"), optim=attention_optim),
+      "softmax": dict(model=attention("softmax_attention"), optim=attention_optim),
+      "multiply_baseconv": dict(data=dict(task="multiply"), model=primitive("baseconv"),
+                                optim=primitive_optim, train=dict()),
+      "multiply_softmax": dict(data=dict(task="multiply"),
+                               model=primitive("softmax_attention"), optim=primitive_optim,
+                               train=dict()),
+  })
+  c.run_variants = "all"
+
+  if preset == "quick":
+    c.data.update(dict(num_train=65536, num_test=1024))
+    c.train.update(dict(steps=3000, batch_size=256, log_every=100, eval_every=1000,
+                        ckpt_every=500))
+    # The official schedule acts every 1000/3000 steps of 2.5M; scaled to the quick budget.
+    c.optim.update(dict(period=250, stats_every=100, stats_batches=16, warmup=100))
+    # Batch 256 instead of 1024: the official lr 1e-2 scaled down (1e-2 stalls at this batch).
+    for name in ("baseconv_recipe", "baseconv_plain"):
+      c.variants[name].optim.lr = 3e-3
+    for name in ("multiply_baseconv", "multiply_softmax"):
+      c.variants[name].data.num_train = 8192
+      c.variants[name].train.update(dict(steps=1500, batch_size=64))
+    c.eval.update(dict(num_batches=4))
+  elif preset == "smoke":
+    c.data.update(dict(d=2, n=4, length=6, width=4, num_train=256, num_test=64))
+    c.model.update(dict(width=16, depth=2))
+    c.train.update(dict(steps=3, batch_size=16, log_every=1, eval_every=3, ckpt_every=3,
+                        progress=False))
+    c.optim.update(dict(period=2, stats_every=2, stats_batches=2, warmup=1))
+    c.eval.update(dict(batch_size=16, num_batches=1, num_problems=32,
+                       handset_iterations=5, learned_iterations=5))
+    c.run_variants = "baseconv_recipe,multiply_softmax"
+  if arg.steps:
+    c.train.steps = arg.steps
+  return config_lib.finalize(c)

@@ -1,0 +1,1 @@
+"""One package per paper: its algorithm as pure functions."""
