@@ -1,0 +1,187 @@
+"""precision_ls: tasks, the hand-set exact GD step, the recipe's pieces, evaluation."""
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import pytest
+
+from jaxlab.core import config as config_lib
+from jaxlab.data import least_squares
+from jaxlab.methods.precision_ls import evaluation
+from jaxlab.methods.precision_ls import handset
+from jaxlab.methods.precision_ls import recipe
+from jaxlab.methods.precision_ls import tasks
+from jaxlab.methods.precision_ls import training
+
+CONFIG = pathlib.Path(__file__).resolve().parents[2] / "configs" / "precision_ls.py"
+
+
+def quick_config(**overrides):
+  return config_lib.with_overrides(config_lib.load_config(CONFIG, "quick"), overrides)
+
+
+@pytest.fixture
+def x64():
+  with jax.enable_x64(True):
+    yield
+
+
+def test_gradient_task_target_is_the_scaled_least_squares_gradient(x64):
+  p = least_squares.sample_problems(jax.random.key(0), 4, 7, 3)
+  task = tasks.make_task("gradient", d=3, n=7)
+  inputs, target = task.make(p)
+  assert inputs.shape == (4, 8, 4) and target.shape == (4, 3)
+  objective = lambda x, a, b: 0.5 * jnp.sum((a @ x - b) ** 2) / a.shape[0]
+  autodiff = jax.vmap(jax.grad(objective))(p["x_init"], p["A"], p["b"])
+  np.testing.assert_allclose(target, autodiff, rtol=1e-12, atol=1e-12)
+  np.testing.assert_array_equal(inputs[:, 0, :3], p["x_init"])
+  np.testing.assert_array_equal(inputs[:, 1:, 3], p["b"])
+
+
+def test_kstep_and_e2e_tasks(x64):
+  p = least_squares.sample_problems(jax.random.key(1), 2, 6, 2)
+  inputs, target = tasks.make_task("kstep", d=2, n=6, k_steps=3, step_size=0.5).make(p)
+  x = p["x_init"]
+  for _ in range(3):
+    x = x - 0.5 * tasks.ls_gradient(p["A"], p["b"], x)
+  np.testing.assert_allclose(target, x, rtol=1e-12)
+  np.testing.assert_array_equal(inputs[:, -1, :2], p["x_init"])
+  inputs, target = tasks.make_task("e2e", d=2, n=6).make(p)
+  assert inputs.shape == (2, 6, 3)
+  np.testing.assert_array_equal(target, p["x_star"])
+
+
+def test_primitive_tasks():
+  u = jax.random.normal(jax.random.key(0), (3, 6, 4))
+  _, mult = tasks.make_task("multiply", length=6, width=4).make({"u": u})
+  np.testing.assert_allclose(mult, u[..., :2] * u[..., 2:])
+  _, square = tasks.make_task("square", length=6, width=4).make({"u": u})
+  np.testing.assert_allclose(square, u**2)
+  read = tasks.make_task("read", length=6, width=4, seed=3)
+  _, out = read.make({"u": u})
+  changed = np.where(np.any(np.asarray(out != u), axis=(0, 2)))[0]
+  assert len(changed) <= 1
+  assert tasks.make_task("linear", length=6, width=4).make({"u": u})[1].shape == (3, 6, 1)
+  with pytest.raises(ValueError, match="unknown task"):
+    tasks.make_task("sort")
+
+
+def handset_model(d, n, width=64, depth=3, conv_impl="toeplitz"):
+  c = quick_config(precision="float64", data=dict(d=d, n=n),
+                   model=dict(mixer="baseconv", width=width, depth=depth, conv_impl=conv_impl))
+  task = training.make_task(c)
+  model = training.make_model(c, task)
+  return model, handset.handset_gradient_params(model.init(jax.random.key(0)), d=d, n=n)
+
+
+@pytest.mark.parametrize("d,n", [(5, 20), (3, 9)])
+def test_handset_baseconv_computes_one_exact_gd_step(x64, d, n):
+  model, params = handset_model(d, n)
+  p = least_squares.sample_problems(jax.random.key(2), 64, n, d)
+  estimate = evaluation.model_gradient(model.apply, params)(p["A"], p["b"], p["x_init"])
+  exact = tasks.ls_gradient(p["A"], p["b"], p["x_init"])
+  np.testing.assert_allclose(estimate, exact, rtol=0, atol=1e-12)
+  # The full (not last_only) forward pass reads the same value at the last position.
+  full = model.apply(params, tasks.gradient_tokens(p["A"], p["b"], p["x_init"]))[:, -1]
+  np.testing.assert_allclose(full, exact, rtol=0, atol=1e-12)
+
+
+def test_handset_iterates_track_gd(x64):
+  model, params = handset_model(5, 20)
+  p = least_squares.sample_problems(jax.random.key(3), 32, 20, 5)
+  learned = evaluation.iterate(evaluation.model_gradient(model.apply, params), p, steps=300,
+                               step_size=0.5)
+  exact = evaluation.iterate(evaluation.exact_gradient, p, steps=300, step_size=0.5)
+  assert exact[-1] < 1e-13 * exact[0]
+  np.testing.assert_allclose(learned, exact, rtol=1e-6, atol=1e-28)
+
+
+def test_handset_rejects_a_too_small_model(x64):
+  c = quick_config(precision="float64", model=dict(width=16))
+  model = training.make_model(c, training.make_task(c))
+  with pytest.raises(ValueError, match="width >= 46"):
+    handset.handset_gradient_params(model.init(jax.random.key(0)), d=5, n=20)
+
+
+def test_ema_filter_follows_its_recurrence():
+  transform = recipe.ema_gradient_filter(decay=0.5, strength=2.0)
+  state = transform.init({"w": jnp.zeros(2)})
+  grads = [jnp.array([1.0, 2.0]), jnp.array([3.0, -2.0])]
+  out0, state = transform.update({"w": grads[0]}, state)
+  np.testing.assert_allclose(out0["w"], grads[0] + 2.0 * grads[0])      # e_0 = g_0
+  out1, _ = transform.update({"w": grads[1]}, state)
+  ema = 0.5 * grads[0] + 0.5 * grads[1]
+  np.testing.assert_allclose(out1["w"], grads[1] + 2.0 * ema)
+
+
+def test_recipe_uses_adam_eps_1e16_and_skips_bad_steps(x64):
+  c = quick_config(precision="float64")
+  assert c.variants.baseconv_recipe.optim.eps == 1e-16
+  assert recipe.should_skip(jnp.array(2e3), 1e3) and recipe.should_skip(jnp.array(jnp.nan), 1e3)
+  assert not recipe.should_skip(jnp.array(5.0), 1e3)
+  old, new = {"w": jnp.zeros(3)}, {"w": jnp.ones(3)}
+  np.testing.assert_array_equal(recipe.keep_if(jnp.array(True), old, new)["w"], old["w"])
+
+
+def schedule_config(**kw):
+  base = dict(lr=1.0, schedule="adaptive", gamma=0.5, period=2, min_lr=1e-10, stats_every=1,
+              stats_batches=4, stats_ema=0.0, threshold=0.9, direction="decay_when_noisy",
+              warmup=0, eps=1e-16)
+  base.update(kw)
+  return ml_collections.ConfigDict(base)
+
+
+@pytest.mark.parametrize("direction,similarity,expected_lr", [
+    ("decay_when_noisy", 0.1, 0.5), ("decay_when_noisy", 0.99, 2.0),
+    ("official_code", 0.1, 2.0), ("official_code", 0.99, 0.5)])
+def test_adaptive_schedule_direction(direction, similarity, expected_lr):
+  optim = schedule_config(direction=direction)
+  state = recipe.init_schedule_state(optim, jnp.float32)
+  for step in range(2):
+    state = recipe.next_schedule_state(optim, state, jnp.array(step),
+                                       lambda: jnp.array(similarity, jnp.float32))
+  np.testing.assert_allclose(state["lr"], expected_lr)
+
+
+def test_step_schedule_has_a_floor():
+  optim = schedule_config(schedule="step", gamma=0.1, period=1, min_lr=1e-3)
+  state = recipe.init_schedule_state(optim, jnp.float32)
+  for step in range(5):
+    state = recipe.next_schedule_state(optim, state, jnp.array(step), lambda: jnp.array(1.0))
+  np.testing.assert_allclose(state["lr"], 1e-3)
+
+
+def test_gradient_similarity():
+  same = recipe.gradient_similarity(lambda key: {"g": jnp.array([1.0, 2.0])},
+                                    jax.random.split(jax.random.key(0), 4))
+  np.testing.assert_allclose(same, 1.0, rtol=1e-6)
+  independent = recipe.gradient_similarity(lambda key: {"g": jax.random.normal(key, (4000,))},
+                                           jax.random.split(jax.random.key(0), 8))
+  assert abs(float(independent)) < 0.05
+
+
+def test_gd_iterates_converge(x64):
+  p = least_squares.sample_problems(jax.random.key(4), 16, 20, 5)
+  curve = evaluation.iterate(evaluation.exact_gradient, p, steps=50, step_size=0.5)
+  assert curve.shape == (51,) and curve[-1] < curve[0] * 1e-2
+
+
+def test_training_reduces_the_loss_on_the_multiply_primitive():
+  c = config_lib.with_overrides(config_lib.load_config(CONFIG, "smoke"), dict(
+      precision="float32", data=dict(task="multiply", length=4, width=4),
+      model=dict(width=16, depth=1), optim=dict(lr=3e-3, schedule="constant",
+                                                ema_strength=0.0)))
+  experiment = training.make_experiment(c)
+  task = training.make_task(c)
+  state = experiment.init(jax.random.key(0))
+  update = jax.jit(experiment.update)
+  batch = task.sample(jax.random.key(1), 64, jnp.float32)
+  first = None
+  for i in range(60):
+    state, metrics = update(state, batch, jax.random.key(i))
+    first = metrics["loss"] if first is None else first
+  assert metrics["loss"] < 0.5 * first
+  assert isinstance(state["opt_state"], tuple) and optax.global_norm(state["params"]) > 0
