@@ -19,10 +19,10 @@ install: $(STAMP)
 
 # The suite that CI runs: everything but tests marked `slow`, on 2 workers.
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 -q --durations=15 -m "not slow"
+	$(BIN)/python -m pytest -n 2 -q --durations=15 -m "not slow" --nbmake --nbmake-timeout=300
 
 test-all: $(STAMP)
-	$(BIN)/python -m pytest -n 2 -q --durations=15
+	$(BIN)/python -m pytest -n 2 -q --durations=15 --nbmake --nbmake-timeout=300
 
 # Runs the quick preset of every experiment (or ONLY=<slug>), then rebuilds results/REPORT.md
 # and the README table from results/*.json.

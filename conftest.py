@@ -14,6 +14,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import jax  # pylint: disable=g-import-not-at-top
 
+from jaxlab.core import host  # pylint: disable=g-import-not-at-top
+
+host.tune_allocator()
+
 jax.config.update("jax_disable_most_optimizations", True)
 jax.config.update(
     "jax_compilation_cache_dir",

@@ -46,6 +46,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       direction="official_code", warmup=1000))
   c.train.update(dict(steps=2_500_000, batch_size=1024, log_every=1000, eval_every=50_000,
                       ckpt_every=50_000))
+  c.train.init_from = ""   # a variant may start from another variant's final parameters
   c.eval.update(dict(batch_size=256, num_batches=4, num_problems=1024,
                      handset_iterations=300, learned_iterations=200, iterate_step_size=0.5))
 
@@ -66,6 +67,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       "baseconv_plain": dict(model=BASECONV, optim=PLAIN),
       "linear_attention": dict(model=attention("linear_attention"), optim=attention_optim),
       "softmax": dict(model=attention("softmax_attention"), optim=attention_optim),
+      # The recipe's regime is high precision: both continue the trained baseconv_plain model
+      # for the same steps, one with the recipe, one plainly.
+      "continue_recipe": dict(model=BASECONV, optim=dict(RECIPE, lr=1e-3),
+                              train=dict(init_from="baseconv_plain")),
+      "continue_plain": dict(model=BASECONV, optim=dict(PLAIN, lr=1e-3),
+                             train=dict(init_from="baseconv_plain")),
       "multiply_baseconv": dict(data=dict(task="multiply"), model=primitive("baseconv"),
                                 optim=primitive_optim, train=dict()),
       "multiply_softmax": dict(data=dict(task="multiply"),
@@ -86,6 +93,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     for name in ("multiply_baseconv", "multiply_softmax"):
       c.variants[name].data.num_train = 8192
       c.variants[name].train.update(dict(steps=1500, batch_size=64))
+    for name in ("continue_recipe", "continue_plain"):
+      c.variants[name].train.steps = 1500
     c.eval.update(dict(num_batches=4))
   elif preset == "smoke":
     c.data.update(dict(d=2, n=4, length=6, width=4, num_train=256, num_test=64))
@@ -95,7 +104,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.optim.update(dict(period=2, stats_every=2, stats_batches=2, warmup=1))
     c.eval.update(dict(batch_size=16, num_batches=1, num_problems=32,
                        handset_iterations=5, learned_iterations=5))
-    c.run_variants = "baseconv_recipe,multiply_softmax"
+    c.run_variants = "continue_recipe,multiply_softmax"   # runs baseconv_plain first
   if arg.steps:
     c.train.steps = arg.steps
   return config_lib.finalize(c)

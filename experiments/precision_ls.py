@@ -25,12 +25,15 @@ SLUG = "precision_ls"
 
 def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
   start = time.perf_counter()
-  per_variant, loss_curves = {}, {}
+  per_variant, loss_curves, final_params = {}, {}, {}
   for name in metrics.progress_iter(reproduction.selected_variants(config), "variants",
                                     enabled=config.train.progress):
     variant = reproduction.variant_config(config, name)
     variant_dir = os.path.join(workdir, name)
-    run = train_loop.run(training.make_experiment(variant), variant, variant_dir, desc=name)
+    source = reproduction.warm_start_source(config, name)
+    experiment = training.make_experiment(variant, final_params.get(source))
+    run = train_loop.run(experiment, variant, variant_dir, desc=name)
+    final_params[name] = run.state["params"]
     per_variant[name] = reproduction.evaluate_variant(variant, run.state["params"])
     loss_curves[name] = metrics.series(metrics.read_jsonl(variant_dir), "train/loss")
 

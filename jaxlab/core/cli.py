@@ -20,6 +20,7 @@ import ml_collections
 from ml_collections import config_flags
 
 from jaxlab.core import config as config_lib
+from jaxlab.core import host
 from jaxlab.core import parallel
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -50,6 +51,7 @@ def run(experiment_main: ExperimentMain) -> None:
     if len(argv) > 1:
       raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     parallel.maybe_init_distributed(_DISTRIBUTED.value or None)
+    host.tune_allocator()
     config = _CONFIG.value
     if config is None:
       raise app.UsageError("--config is required, e.g. --config=configs/<slug>.py:quick")

@@ -79,7 +79,7 @@ def write_json(path: str | os.PathLike, payload: Mapping[str, Any]) -> None:
     return
   os.makedirs(os.path.dirname(os.fspath(path)) or ".", exist_ok=True)
   with open(path, "w", encoding="utf-8") as f:
-    json.dump(to_python(dict(payload)), f, indent=2, sort_keys=False)
+    json.dump(to_python(dict(payload)), f, indent=2, sort_keys=False, allow_nan=False)
     f.write("\n")
 
 

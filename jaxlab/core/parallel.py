@@ -1,6 +1,6 @@
 """Devices: one `("data",)` mesh, replicated state, batches sharded on their leading axis.
 
-This is the SPMD replacement for `jax.pmap`: `jax.jit` over arrays with `NamedSharding`s inserts the
+This is the SPMD replacement for pmap: `jax.jit` over arrays with `NamedSharding`s inserts the
 gradient all-reduce itself. `jax.shard_map` (with `lax.pmean`/`all_gather`) is for the few places
 where per-device semantics matter; `shard_map_over_data` wraps it for the data axis.
 

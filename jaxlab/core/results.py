@@ -41,7 +41,7 @@ def claim(name: str, statement: str, *, ours: Any, holds: bool,
           "comparison": comparison}
 
 
-def headline(name: str, *, ours: float, paper: Any, unit: str = "") -> dict[str, Any]:
+def headline(name: str, *, ours: float | None, paper: Any, unit: str = "") -> dict[str, Any]:
   """The one number the README table shows for a method, next to the paper's."""
   return {"name": name, "ours": ours, "paper": paper, "unit": unit}
 

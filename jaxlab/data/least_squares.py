@@ -13,12 +13,10 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import tensorflow_datasets as tfds
 
 from jaxlab.data import pipeline
-
-_CHUNK = 8192
+from jaxlab.data import sampled
 
 
 def sample_problems(key: jax.Array, count: int, n: int, d: int,
@@ -43,21 +41,11 @@ def sample_sequences(key: jax.Array, count: int, length: int, width: int,
   return {"u": jax.random.normal(key, (count, length, width), dtype)}
 
 
-def float64_tensor(shape: tuple[int, ...]) -> tfds.features.Tensor:
-  """A float64 feature stored as raw bytes: the default encoding goes through tf.train.Example's
-  float32 FloatList and would silently round every value to single precision."""
-  return tfds.features.Tensor(shape=shape, dtype=np.float64,
-                              encoding=tfds.features.Encoding.BYTES)
-
-
 @dataclasses.dataclass
-class LeastSquaresConfig(tfds.core.BuilderConfig):
+class LeastSquaresConfig(sampled.SampledConfig):
   d: int = 5
   n: int = 20
   condition_number: float = 0.0
-  num_train: int = 65536
-  num_test: int = 4096
-  seed: int = 0
 
 
 def least_squares_config(*, d: int, n: int, num_train: int, num_test: int,
@@ -69,48 +57,28 @@ def least_squares_config(*, d: int, n: int, num_train: int, num_test: int,
       condition_number=condition_number, num_train=num_train, num_test=num_test, seed=seed)
 
 
-class LeastSquaresProblems(tfds.core.GeneratorBasedBuilder):
-  """Random least-squares problems (float64), train and test splits."""
+class LeastSquaresProblems(sampled.SampledBuilder):
+  """Random least-squares problems b = A x* (float64): A, b, x_star, x_init."""
 
   VERSION = tfds.core.Version("1.1.0")
   RELEASE_NOTES = {"1.1.0": "float64 stored exactly (bytes encoding)."}
   BUILDER_CONFIGS = [least_squares_config(d=5, n=20, num_train=65536, num_test=4096)]
 
-  def _info(self) -> tfds.core.DatasetInfo:
+  def features(self):
     c = self.builder_config
-    tensor = lambda *shape: float64_tensor(shape)
-    return tfds.core.DatasetInfo(
-        builder=self,
-        description=__doc__,
-        features=tfds.features.FeaturesDict({
-            "A": tensor(c.n, c.d), "b": tensor(c.n), "x_star": tensor(c.d),
-            "x_init": tensor(c.d)}),
-    )
+    tensor = lambda *shape: sampled.float64_tensor(shape)
+    return {"A": tensor(c.n, c.d), "b": tensor(c.n), "x_star": tensor(c.d),
+            "x_init": tensor(c.d)}
 
-  def _split_generators(self, dl_manager):
+  def sample(self, key, count):
     c = self.builder_config
-    return {"train": self._generate_examples(c.seed, 0, c.num_train),
-            "test": self._generate_examples(c.seed, 1, c.num_test)}
-
-  def _generate_examples(self, seed: int, split_index: int, count: int):
-    c = self.builder_config
-    key = jax.random.fold_in(jax.random.key(seed), split_index)
-    for start in range(0, count, _CHUNK):
-      size = min(_CHUNK, count - start)
-      with jax.enable_x64(True):
-        chunk = jax.device_get(sample_problems(jax.random.fold_in(key, start), size, c.n, c.d,
-                                               c.condition_number))
-      for i in range(size):
-        yield start + i, {name: np.asarray(value[i]) for name, value in chunk.items()}
+    return sample_problems(key, count, c.n, c.d, c.condition_number)
 
 
 @dataclasses.dataclass
-class GaussianSequencesConfig(tfds.core.BuilderConfig):
+class GaussianSequencesConfig(sampled.SampledConfig):
   length: int = 40
   width: int = 20
-  num_train: int = 65536
-  num_test: int = 4096
-  seed: int = 0
 
 
 def gaussian_sequences_config(*, length: int, width: int, num_train: int, num_test: int,
@@ -120,7 +88,7 @@ def gaussian_sequences_config(*, length: int, width: int, num_train: int, num_te
       width=width, num_train=num_train, num_test=num_test, seed=seed)
 
 
-class GaussianSequences(tfds.core.GeneratorBasedBuilder):
+class GaussianSequences(sampled.SampledBuilder):
   """Standard-normal sequences u [length, width] (float64), the inputs of primitive tasks."""
 
   VERSION = tfds.core.Version("1.1.0")
@@ -128,30 +96,13 @@ class GaussianSequences(tfds.core.GeneratorBasedBuilder):
   BUILDER_CONFIGS = [gaussian_sequences_config(length=40, width=20, num_train=65536,
                                                num_test=4096)]
 
-  def _info(self) -> tfds.core.DatasetInfo:
+  def features(self):
     c = self.builder_config
-    return tfds.core.DatasetInfo(
-        builder=self,
-        description=self.__doc__,
-        features=tfds.features.FeaturesDict({
-            "u": float64_tensor((c.length, c.width))}),
-    )
+    return {"u": sampled.float64_tensor((c.length, c.width))}
 
-  def _split_generators(self, dl_manager):
+  def sample(self, key, count):
     c = self.builder_config
-    return {"train": self._generate_examples(c.seed, 0, c.num_train),
-            "test": self._generate_examples(c.seed, 1, c.num_test)}
-
-  def _generate_examples(self, seed: int, split_index: int, count: int):
-    c = self.builder_config
-    key = jax.random.fold_in(jax.random.key(seed), split_index)
-    for start in range(0, count, _CHUNK):
-      size = min(_CHUNK, count - start)
-      with jax.enable_x64(True):
-        chunk = jax.device_get(sample_sequences(jax.random.fold_in(key, start), size,
-                                                c.length, c.width))
-      for i in range(size):
-        yield start + i, {"u": np.asarray(chunk["u"][i])}
+    return sample_sequences(key, count, c.length, c.width)
 
 
 def load(builder_config: tfds.core.BuilderConfig, data_dir: str | None = None

@@ -15,8 +15,8 @@ from jaxlab.data import pipeline
 
 def toy_config(steps: int, **train):
   c = config_lib.base_config(preset="smoke", seed=0)
-  c.train.update(dict(steps=steps, batch_size=16, log_every=1, eval_every=2, ckpt_every=3,
-                      progress=False, **train))
+  c.train.update({**dict(steps=steps, batch_size=16, log_every=1, eval_every=2, ckpt_every=3,
+                         progress=False), **train})
   c.eval.update(dict(batch_size=16))
   return config_lib.finalize(c)
 

@@ -67,8 +67,13 @@ def make_loss(model: functional.Functional, task: tasks.Task):
   return loss_fn
 
 
-def make_experiment(config: ml_collections.ConfigDict) -> train_loop.Experiment:
-  """One training run of `config.model` on `config.data.task` with `config.optim`."""
+def make_experiment(config: ml_collections.ConfigDict,
+                    initial_params: Any = None) -> train_loop.Experiment:
+  """One training run of `config.model` on `config.data.task` with `config.optim`.
+
+  `initial_params` warm-starts the model (e.g. from another run's final parameters); the
+  optimiser and schedule states start fresh.
+  """
   recipe.validate(config.optim)
   task = make_task(config)
   model = make_model(config, task)
@@ -79,7 +84,8 @@ def make_experiment(config: ml_collections.ConfigDict) -> train_loop.Experiment:
   cast = lambda batch: jax.tree.map(lambda x: jnp.asarray(x, dtype), dict(batch))
 
   def init(rng: jax.Array) -> dict[str, Any]:
-    params = model.init(rng)
+    params = model.init(rng) if initial_params is None else jax.tree.map(
+        lambda x: jnp.asarray(x, dtype), initial_params)
     return {"params": params, "opt_state": transform.init(params),
             "schedule": recipe.init_schedule_state(optim, dtype),
             "step": jnp.zeros([], jnp.int32)}
