@@ -25,6 +25,7 @@ import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
 from jaxlab.core import config as config_lib  # pylint: disable=g-import-not-at-top
+from jaxlab.core import host  # pylint: disable=g-import-not-at-top
 from jaxlab.data import least_squares  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.precision_ls import training  # pylint: disable=g-import-not-at-top
 
@@ -99,6 +100,7 @@ def main() -> None:
   parser.add_argument("--batch", type=int, default=1024)
   parser.add_argument("--no-append", action="store_true")
   args = parser.parse_args()
+  host.tune_allocator()
 
   with jax.enable_x64(True):
     peak = {"float32": matmul_peak(jnp.float32), "float64": matmul_peak(jnp.float64)}

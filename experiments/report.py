@@ -33,8 +33,8 @@ METHODS = (
 
 
 def main() -> None:
-  results.rebuild(METHODS, results.REPO_ROOT / "README.md")
-  print(f"rebuilt {results.RESULTS_DIR / 'REPORT.md'} and the README table")
+  for path in results.rebuild(METHODS, results.REPO_ROOT / "README.md"):
+    print(f"rebuilt {path.relative_to(results.REPO_ROOT)}")
 
 
 if __name__ == "__main__":

@@ -109,7 +109,7 @@ class Progress:
   """
 
   def __init__(self, total: int, initial: int = 0, desc: str = "train",
-               enabled: bool = True):
+               enabled: bool = True, show_rate: bool = True):
     show = enabled and jax.process_index() == 0 and (
         sys.stderr.isatty() or "ipykernel" in sys.modules or
         os.environ.get("JAXLAB_PROGRESS") == "1")
@@ -117,7 +117,7 @@ class Progress:
                                dynamic_ncols=True, leave=True)
     # Without a bar (logs, CI), print a plain line per update on process 0 instead.
     self._plain = enabled and not show and jax.process_index() == 0
-    self._desc, self._total = desc, total
+    self._desc, self._total, self._show_rate = desc, total, show_rate
     self._last_time = time.perf_counter()
     self._last_step = initial
     self.steps_per_sec = math.nan
@@ -127,7 +127,7 @@ class Progress:
     if step > self._last_step:
       self.steps_per_sec = (step - self._last_step) / max(now - self._last_time, 1e-9)
     self._bar.update(step - self._bar.n)
-    postfix = {"steps/s": f"{self.steps_per_sec:.1f}"}
+    postfix = {"steps/s": f"{self.steps_per_sec:.1f}"} if self._show_rate else {}
     if metrics:
       for name in ("train/loss", "loss"):
         if name in metrics:
@@ -145,7 +145,7 @@ class Progress:
 
 def progress_iter(items: list[Any], desc: str, enabled: bool = True) -> Iterator[Any]:
   """A progress bar over a short list of sub-runs (variants, seeds, tasks)."""
-  bar = Progress(total=len(items), desc=desc, enabled=enabled)
+  bar = Progress(total=len(items), desc=desc, enabled=enabled, show_rate=False)
   try:
     for i, item in enumerate(items):
       yield item

@@ -31,3 +31,30 @@ def test_format_number():
   assert results.format_number(1.5e-13) == "1.50e-13"
   assert results.format_number(0.25) == "0.25"
   assert results.format_number(None) == "—"
+
+
+def test_rebuild_writes_report_and_readme_table(tmp_path):
+  results_dir = tmp_path / "results"
+  results_dir.mkdir()
+  payload = {"slug": "toy", "preset": "quick", "commit": "abc", "wall_s": 1.0, "device": "cpu",
+             "seeds": [0], "headline": {"name": "err", "ours": 1e-9, "paper": 1e-13},
+             "metrics": {"a": {"b": 2.0}},
+             "claims": [{"name": "c", "statement": "toy claim", "ours": 1.0, "baselines": {},
+                         "paper": None, "holds": True, "comparison": "x"}]}
+  (results_dir / "toy.json").write_text(json.dumps(payload))
+  readme = tmp_path / "README.md"
+  readme.write_text(f"intro\n{results.TABLE_BEGIN}\nold\n{results.TABLE_END}\nrest\n")
+  results.rebuild([("toy", "A toy"), ("other", "Not built")], readme, results_dir)
+  text = readme.read_text()
+  assert "old" not in text and text.startswith("intro") and text.rstrip().endswith("rest")
+  assert "| `toy` | A toy | reproduced | 1.00e-09 (err) | 1.00e-13 |" in text
+  assert "| `other` | Not built | not started |" in text
+  report = (results_dir / "REPORT.md").read_text()
+  assert "toy claim" in report
+
+
+def test_method_results_block_lists_claims_and_metrics():
+  block = results.method_results_block({
+      "slug": "toy", "preset": "quick", "commit": "abc", "wall_s": 2.0, "device": "cpu",
+      "metrics": {"grad": {"x": 0.5}}, "claims": []})
+  assert "| `grad.x` | 0.5 |" in block
