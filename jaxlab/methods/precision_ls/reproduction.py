@@ -195,21 +195,32 @@ def _ratio_claim(name: str, statement: str, *, ours: tuple[str, float],
 
 
 def plot_iterates(per_variant: dict[str, dict[str, Any]], reference: dict[str, Any]):
-  """MSE(x_k, x*) against iteration k for GD, the hand-set BaseConv and each learned model."""
+  """MSE(x_k, x*) against iteration k for GD, the hand-set BaseConv and each learned model.
+
+  The y-range follows the converging curves; a diverging model is cut at the top and labelled.
+  """
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
   fig, ax = plt.subplots(figsize=(6.4, 4.2))
   ax.semilogy(reference["gd_curve"], "k-", lw=2, label="explicit GD")
-  ax.semilogy(reference["handset_curve"], "C3--", lw=2, label="hand-set BaseConv")
-  for i, (name, values) in enumerate(per_variant.items()):
+  ax.semilogy(reference["handset_curve"], "--", color="tab:red", lw=2, label="hand-set BaseConv")
+  colors = iter(["tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink",
+                 "tab:gray", "tab:olive", "tab:cyan"])
+  curves = [reference["gd_curve"], reference["handset_curve"]]
+  for name, values in per_variant.items():
     if "iterated_curve" in values:
-      ax.semilogy(values["iterated_curve"], color=f"C{i}", label=f"learned: {name}")
+      curve = np.asarray(values["iterated_curve"], dtype=float)
+      label = f"learned: {name}" + (" (diverges)" if values["iterated_mse"] is None else "")
+      ax.semilogy(curve, color=next(colors), label=label)
+      curves.append(curve)
+  finite = np.concatenate([c[np.isfinite(c) & (c > 0)] for c in curves])
+  ax.set_ylim(finite.min() / 3, 30 * max(float(c[0]) for c in curves))
   ax.set_xlabel("iteration k  (x <- x - 0.5 g(x))")
   ax.set_ylabel("MSE(x_k, x*)")
   ax.set_title("Iterating a gradient module (d=5, n=20, float64)")
   ax.grid(True, which="major", alpha=0.3)
-  ax.legend(fontsize=8)
+  ax.legend(fontsize=7)
   fig.tight_layout()
   return fig
 
