@@ -7,7 +7,8 @@ Shape (read by the report builder and by other tools):
    "metrics": {...nested...},
    "claims": [{"name", "statement", "ours", "baselines", "paper", "holds"}]}
 
-`holds` is computed by the experiment from measured numbers. The quick preset also copies the file
+`holds` is computed by the experiment from measured numbers. `wall_s` is the time it took to
+produce the results, including the training time of earlier invocations that this one resumed. The quick preset also copies the file
 to `results/<slug>.json`, which `python -m experiments.report` turns into `results/REPORT.md` and
 the README's method table.
 """
@@ -47,13 +48,15 @@ def headline(name: str, *, ours: float | None, paper: Any, unit: str = "") -> di
 
 
 def git_commit() -> str:
-  """HEAD's sha, with "+dirty" when tracked files differ from it (the numbers then come from
-  code that no commit holds)."""
+  """HEAD's sha, with "+dirty" when tracked files outside results/ differ from it (the numbers
+  then come from code that no commit holds; results/ is what the run itself writes)."""
   try:
     git = lambda *args: subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True,
                                        text=True, check=True).stdout.strip()
     sha = git("rev-parse", "HEAD")
-    return sha + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                  ":(exclude)results")
+    return sha + ("+dirty" if changed else "")
   except (OSError, subprocess.CalledProcessError):
     return "unknown"
 

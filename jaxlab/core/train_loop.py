@@ -66,11 +66,14 @@ class Experiment:
 
 @dataclasses.dataclass
 class TrainResult:
+  """`wall_s`: this call's time; `earlier_s`: training time spent by earlier, interrupted or
+  finished calls on the same workdir (from the checkpoint), so their sum is the run's cost."""
   state: PyTree
   step: int
   eval_metrics: dict[str, float]
   resumed_from: int | None
   wall_s: float
+  earlier_s: float = 0.0
 
 
 def precision_scope(config: ml_collections.ConfigDict) -> contextlib.AbstractContextManager:
@@ -107,11 +110,13 @@ def _run(experiment: Experiment, config: ml_collections.ConfigDict, workdir: str
       os.path.join(workdir, "checkpoints"), max_to_keep=train_cfg.max_to_keep)
   step = checkpointer.latest_step()
   resumed_from = step
+  earlier_s = 0.0
   if step is None:
     state = jax.jit(experiment.init, out_shardings=state_sharding)(init_key)
     step = 0
   else:
-    state, data_state, _ = checkpointer.restore(step, abstract_state)
+    state, data_state, meta = checkpointer.restore(step, abstract_state)
+    earlier_s = float(meta.get("train_s", 0.0))
     if data_state:
       data_iter.set_state(data_state)
 
@@ -175,8 +180,8 @@ def _run(experiment: Experiment, config: ml_collections.ConfigDict, workdir: str
         writer.write(step, eval_metrics)
       if step % train_cfg.ckpt_every == 0 or is_last:
         check_pending()
-        checkpointer.save(step, state, data_state=data_iter.get_state(),
-                          meta={"step": step})
+        checkpointer.save(step, state, data_state=data_iter.get_state(), meta={
+            "step": step, "train_s": earlier_s + time.perf_counter() - start_time})
     if not eval_metrics and experiment.evaluate is not None:
       eval_metrics = run_eval(state)
   finally:
@@ -184,7 +189,8 @@ def _run(experiment: Experiment, config: ml_collections.ConfigDict, workdir: str
     writer.close()
     checkpointer.close()
   return TrainResult(state=state, step=step, eval_metrics=eval_metrics,
-                     resumed_from=resumed_from, wall_s=time.perf_counter() - start_time)
+                     resumed_from=resumed_from, wall_s=time.perf_counter() - start_time,
+                     earlier_s=earlier_s)
 
 
 def batches_forever(make_epoch: Callable[[int], Iterator[Batch]]) -> Iterator[Batch]:

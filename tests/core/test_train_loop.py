@@ -69,6 +69,7 @@ def test_resume_after_step_3_matches_uninterrupted_6_steps(tmp_path):
   assert first.step == 3 and first.resumed_from is None
   resumed = train_loop.run(toy_experiment(), toy_config(6), tmp_path / "resumed")
   assert resumed.resumed_from == 3 and resumed.step == 6
+  assert resumed.earlier_s > 0 and first.earlier_s == 0   # the first call's time is carried
   chex.assert_trees_all_equal(jax.device_get(straight.state), jax.device_get(resumed.state))
   # A different data order (seed) would have given different parameters: the check can fail.
   assert not np.array_equal(jax.device_get(first.state["params"]["w"]),
