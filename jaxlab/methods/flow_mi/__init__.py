@@ -1,0 +1,1 @@
+"""flow_mi: flow-based variational mutual information (Dahlke & Pacheco, ICLR 2025)."""
