@@ -24,6 +24,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
+from benchmarks.common import append_results, matmul_peak  # pylint: disable=g-import-not-at-top
 from jaxlab.core import config as config_lib  # pylint: disable=g-import-not-at-top
 from jaxlab.core import host  # pylint: disable=g-import-not-at-top
 from jaxlab.data import least_squares  # pylint: disable=g-import-not-at-top
@@ -31,24 +32,6 @@ from jaxlab.methods.precision_ls import training  # pylint: disable=g-import-not
 
 OFFICIAL_STEPS_PER_S = {("baseconv", "float32"): 5.3, ("baseconv", "float64"): 3.2,
                         ("softmax", "float32"): 13.0, ("softmax", "float64"): 5.5}
-RESULTS = pathlib.Path(__file__).resolve().parent / "RESULTS.md"
-
-
-def time_call(fn, *args, repeats: int) -> float:
-  """Median seconds per call after one warm-up call."""
-  jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return sorted(times)[len(times) // 2]
-
-
-def matmul_peak(dtype, size: int = 2048, repeats: int = 10) -> float:
-  a = jax.random.normal(jax.random.key(0), (size, size), dtype)
-  seconds = time_call(jax.jit(jnp.dot), a, a, repeats=repeats)
-  return 2 * size**3 / seconds / 1e9
 
 
 def step_config(arch: str, conv_impl: str, precision: str, batch: int):
@@ -125,8 +108,7 @@ def main() -> None:
       for a, i, p, s, o, _, g, pct in rows)
   print(table)
   if not args.no_append:
-    with open(RESULTS, "a", encoding="utf-8") as f:
-      f.write(table)
+    append_results(table)
 
 
 if __name__ == "__main__":

@@ -35,8 +35,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Sequential Bayesian experimental design (location finding), designs chosen by a flow MI
   # estimate of I(theta; y | design) against random designs.
   c.boed = ml_collections.ConfigDict(dict(
-      enabled=True, method="jvf", num_runs=8, num_experiments=6, grid_size=5, grid_extent=3.0,
-      num_particles=4000, num_samples=1024, oracle_samples=256, steps=400, eval_every=100,
+      enabled=True, method="jvf", num_runs=6, num_experiments=6, grid_size=4, grid_extent=3.0,
+      num_particles=4000, num_samples=512, oracle_samples=256, steps=200, eval_every=50,
       source_strength=1.0, background=0.1, max_signal=1e-4, noise_std=0.5))
 
   if preset == "quick":

@@ -1,0 +1,41 @@
+"""Timing helpers shared by the benchmark scripts (run by hand, never by the tests)."""
+from __future__ import annotations
+
+import datetime
+import os
+import pathlib
+import platform
+import time
+
+import jax
+import jax.numpy as jnp
+
+RESULTS = pathlib.Path(__file__).resolve().parent / "RESULTS.md"
+
+
+def time_call(fn, *args, repeats: int) -> float:
+  """Median seconds per call after one warm-up call."""
+  jax.block_until_ready(fn(*args))
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - start)
+  return sorted(times)[len(times) // 2]
+
+
+def matmul_peak(dtype, size: int = 2048, repeats: int = 10) -> float:
+  """GFLOP/s of a jitted size x size `jnp.dot`: the machine's practical peak."""
+  a = jax.random.normal(jax.random.key(0), (size, size), dtype)
+  seconds = time_call(jax.jit(jnp.dot), a, a, repeats=repeats)
+  return 2 * size**3 / seconds / 1e9
+
+
+def machine() -> str:
+  return (f"{datetime.date.today()}, {platform.machine()}, {os.cpu_count()} cores, "
+          f"{jax.devices()[0].platform}, jax {jax.__version__}")
+
+
+def append_results(text: str) -> None:
+  with open(RESULTS, "a", encoding="utf-8") as f:
+    f.write(text)
