@@ -20,12 +20,11 @@ import contextlib
 import dataclasses
 import os
 import time
-from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol
+from typing import Any, Callable, Iterable, Mapping, Protocol
 
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 
 from jaxlab.core import checkpoint as checkpoint_lib
 from jaxlab.core import config as config_lib
@@ -192,15 +191,3 @@ def _run(experiment: Experiment, config: ml_collections.ConfigDict, workdir: str
                      resumed_from=resumed_from, wall_s=time.perf_counter() - start_time,
                      earlier_s=earlier_s)
 
-
-def batches_forever(make_epoch: Callable[[int], Iterator[Batch]]) -> Iterator[Batch]:
-  """Chains epochs `make_epoch(0), make_epoch(1), ...` (a helper for simple in-memory data)."""
-  epoch = 0
-  while True:
-    yield from make_epoch(epoch)
-    epoch += 1
-
-
-def host_mean(values: Mapping[str, Any]) -> dict[str, float]:
-  """Device metrics -> Python floats (for results.json)."""
-  return {k: float(np.asarray(v)) for k, v in jax.device_get(dict(values)).items()}
