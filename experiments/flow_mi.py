@@ -23,7 +23,7 @@ SLUG = "flow_mi"
 def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
   start = time.perf_counter()
   reproduction.validate(config)
-  estimates = reproduction.run_benchmark(config, workdir)
+  estimates, earlier_s = reproduction.run_benchmark(config, workdir)
   num_test = config.data.num_samples - round(config.data.num_samples * config.data.train_fraction)
   summary, claims, headline = reproduction.summarize_benchmark(estimates, num_test)
   if config.boed.enabled:
@@ -35,7 +35,7 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
     results.save_figure(figure, workdir, filename, SLUG, config)
   return results.write_results(
       workdir, slug=SLUG, config=config, metrics=summary, claims=claims,
-      headline_metric=headline, wall_s=time.perf_counter() - start,
+      headline_metric=headline, wall_s=time.perf_counter() - start + earlier_s,
       seeds=[config.seed + s for s in range(config.data.num_seeds)])
 
 

@@ -82,7 +82,8 @@ class FitResult:
   best_step: np.ndarray        # [S]
   skipped_steps: np.ndarray    # [S] steps skipped for a non-finite loss or gradient
   history: list[dict[str, Any]]
-  wall_s: float = 0.0
+  wall_s: float = 0.0     # this call
+  earlier_s: float = 0.0  # earlier calls on the same workdir that this one resumed
 
 
 def _plateau(schedule: Schedule) -> optax.GradientTransformationExtraArgs:
@@ -198,16 +199,16 @@ def fit(trainable: Trainable, data: FitData, keys: jax.Array, schedule: Schedule
   init_fn = _init_function(trainable, schedule)
 
   checkpointer = writer = None
-  step, state = 0, None
+  step, state, earlier_s = 0, None, 0.0
   if workdir is not None:
     checkpointer = checkpoint_lib.Checkpointer(os.path.join(os.fspath(workdir), "checkpoints"))
     writer = metrics_lib.MetricWriter(workdir)
     latest = checkpointer.latest_step()
     if latest is not None:
       abstract = jax.eval_shape(init_fn, init_keys)
-      state, _, _ = checkpointer.restore(latest, checkpoint_lib.abstract_like(
+      state, _, meta = checkpointer.restore(latest, checkpoint_lib.abstract_like(
           abstract, parallel.replicated(mesh)))
-      step = latest
+      step, earlier_s = latest, float(meta.get("train_s", 0.0))
   if state is None:
     state = init_fn(init_keys)
   state = place(state, mesh)
@@ -229,7 +230,8 @@ def fit(trainable: Trainable, data: FitData, keys: jax.Array, schedule: Schedule
         writer.write(step, {**record, "eval/mi_per_seed": host["eval/mi"].tolist()})
       if checkpointer is not None and (step % schedule.ckpt_every == 0 or
                                        step == schedule.steps):
-        checkpointer.save(step, state, meta={"step": step})
+        checkpointer.save(step, state, meta={
+            "step": step, "train_s": earlier_s + time.perf_counter() - start_time})
   finally:
     bar.close()
     if writer is not None:
@@ -243,7 +245,7 @@ def fit(trainable: Trainable, data: FitData, keys: jax.Array, schedule: Schedule
   return FitResult(best_mi=np.asarray(host_state["best_mi"], float), final_mi=final_mi,
                    best_step=np.asarray(host_state["best_step"]),
                    skipped_steps=np.asarray(host_state["skipped_steps"]), history=history,
-                   wall_s=time.perf_counter() - start_time)
+                   wall_s=time.perf_counter() - start_time, earlier_s=earlier_s)
 
 
 def trainable_final_mi(trainable: Trainable, state: dict[str, PyTree],
