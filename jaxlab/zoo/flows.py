@@ -8,17 +8,23 @@
   shift the transformed ones (by default the second half).
 * `Permutation`: a fixed reordering of the features (no parameters).
 * `Chain`: sequential composition.
+* Token flows on x [B, N, C] (N tokens of C channels), with logdet per example [B]:
+  `ViTConditioner` (a bidirectional transformer encoder used as a coupling conditioner),
+  `ChannelCoupling` (half the channels condition the other half), `TokenSplitCoupling` (half the
+  tokens of a square grid, chosen by a checkerboard / stripe pattern, condition the other half)
+  and `Jet`, a stack of both kinds.
 
 Every layer is an `nnx.Module` with `forward(x, *, rng=None) -> (y, logdet)` and
 `inverse(y) -> x`. x is `[..., features]` with any leading batch axes, y has x's shape, and
-`logdet = log |det dy/dx|` per event, shape `x.shape[:-1]`. `rng` drives dropout in training and
-is ignored by layers without it; with `rng=None` every layer is deterministic. The trainable
-layers start as the identity map (their last projection is zero-initialised), so a deep stack
-trains from a well-conditioned start. Non-trainable state (permutations) lives in `Buffer`
-variables, which `Functional` keeps out of the parameters the optimiser sees.
+`logdet = log |det dy/dx|` per event, shape `x.shape[:-1]` (the token flows differ: see their
+section). `rng` drives dropout in training and is ignored by layers without it; with `rng=None`
+every layer is deterministic. The trainable layers start as the identity map (their last
+projection is zero-initialised), so a deep stack trains from a well-conditioned start.
+Non-trainable state (permutations) lives in `Buffer` variables, which `Functional` keeps out of
+the parameters the optimiser sees.
 
-JetFormer's flow and the mutual-information estimators share these layers; nothing here knows
-either.
+JetFormer's flow and the mutual-information estimators share these layers. Only `Jet` is named
+for a use (the Jet flow stack); the layers it is built from, like the rest, are generic.
 """
 from __future__ import annotations
 
@@ -30,7 +36,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxlab.zoo.attention import Attention
 from jaxlab.zoo.mlp import ACTIVATIONS
+from jaxlab.zoo.sequence import Block
 
 
 class Buffer(nnx.Variable):
@@ -364,3 +372,247 @@ class Chain(nnx.Module):
     for layer in reversed(self.layers):
       y = layer.inverse(y)
     return y
+
+
+# ---------------------------------------------------------------------------------------------
+# Token flows: x is [B, N, C], N tokens of C channels, and each example's [N, C] is one event.
+#
+# The conditioners below mix tokens, so a coupling's Jacobian is not block-diagonal over tokens
+# and only the sum of per-token log-scales is a log-determinant. Every layer in this section
+# therefore returns logdet per example, shape [B] (summed over tokens and channels), not the
+# per-event `x.shape[:-1]` of the layers above. `AffineCoupling` given a token-mixing conditioner
+# still returns [B, N]: per-token terms that mean something only summed over N.
+
+
+class ViTConditioner(nnx.Module):
+  """A bidirectional ViT encoder over a fixed number of tokens: [B, N, in] -> [B, N, out].
+
+  Linear(in -> width) + learned position embedding [N, width], then `depth` pre-LayerNorm
+  blocks x + Attention(LN(x)), x + MLP(LN(x)) with non-causal softmax attention, then a final
+  LayerNorm and Linear(width -> out_features). `out_features=None` drops that last Linear and
+  returns the normalised [B, N, width] features, for a caller (e.g. `AffineCoupling`) that adds
+  its own read-out. `zero_init_output` zero-initialises the read-out, so a coupling built on it
+  starts as the identity. Blocks are initialised like GPT-2 (N(0, 0.02), residual projections
+  / sqrt(2 depth)). Jet's couplings use it as their conditioner.
+  """
+
+  def __init__(self, in_features: int, out_features: int | None, num_tokens: int, *,
+               width: int, depth: int, num_heads: int, mlp_ratio: int = 4,
+               zero_init_output: bool = False, init_std: float = 0.02,
+               param_dtype=jnp.float32, rngs: nnx.Rngs):
+    self.in_features, self.num_tokens = in_features, num_tokens
+    out_std = init_std / math.sqrt(2 * max(depth, 1))
+    attention = lambda rngs: Attention(width, num_heads, kind="softmax", causal=False,
+                                       init_std=init_std, out_init_std=out_std,
+                                       param_dtype=param_dtype, rngs=rngs)
+    self.read_in = nnx.Linear(in_features, width, param_dtype=param_dtype, rngs=rngs)
+    self.positions = nnx.Param(
+        nnx.initializers.normal(init_std)(rngs.params(), (num_tokens, width), param_dtype))
+    self.blocks = nnx.List([
+        Block(width, attention, use_mlp=True, mlp_ratio=mlp_ratio, init_std=init_std,
+              out_init_std=out_std, param_dtype=param_dtype, rngs=rngs)
+        for _ in range(depth)])
+    self.final_norm = nnx.LayerNorm(width, epsilon=1e-5, param_dtype=param_dtype, rngs=rngs)
+    if out_features is None:
+      self.read_out = None
+    else:
+      zeros = nnx.initializers.zeros_init()
+      kernel_init = zeros if zero_init_output else nnx.initializers.lecun_normal()
+      self.read_out = nnx.Linear(width, out_features, kernel_init=kernel_init, bias_init=zeros,
+                                 param_dtype=param_dtype, rngs=rngs)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """x: [B, N, in] -> [B, N, out] ([B, N, width] without a read-out)."""
+    if x.ndim != 3 or x.shape[1:] != (self.num_tokens, self.in_features):
+      raise ValueError(f"expected [B, {self.num_tokens}, {self.in_features}], got {x.shape}")
+    h = self.read_in(x) + self.positions[...][None]
+    for block in self.blocks:
+      h = block(h)
+    h = self.final_norm(h)
+    return h if self.read_out is None else self.read_out(h)
+
+
+def _check_tokens(x: jax.Array, num_tokens: int, channels: int) -> None:
+  if x.ndim != 3 or x.shape[1:] != (num_tokens, channels):
+    raise ValueError(f"expected tokens [B, {num_tokens}, {channels}], got {x.shape}")
+
+
+class ChannelCoupling(nnx.Module):
+  """A coupling across channels for token inputs [B, N, C]; logdet per example, [B].
+
+  A fixed random channel permutation (from `seed`, in a `Buffer`), an `AffineCoupling` whose
+  first C/2 permuted channels condition the other C/2 through a `ViTConditioner` (so every token
+  sees every other token's conditioning half), then the inverse permutation, so the layer works
+  in place: it rescales and shifts a random half of the channels. This is Jet's channel-wise
+  coupling. Identity at init (AffineCoupling's zero-initialised head).
+  """
+
+  def __init__(self, num_tokens: int, channels: int, *, width: int, depth: int,
+               num_heads: int, seed: int = 0, mlp_ratio: int = 4, param_dtype=jnp.float32,
+               rngs: nnx.Rngs):
+    if channels < 2:
+      raise ValueError(f"a channel coupling needs at least 2 channels, got {channels}")
+    self.num_tokens, self.channels = num_tokens, channels
+    self.permutation = Permutation(channels, seed=seed)
+    conditioning = channels // 2   # AffineCoupling's default split: the first floor(C/2) dims
+    conditioner = ViTConditioner(conditioning, None, num_tokens, width=width, depth=depth,
+                                 num_heads=num_heads, mlp_ratio=mlp_ratio,
+                                 param_dtype=param_dtype, rngs=rngs)
+    self.coupling = AffineCoupling(channels, conditioner, width, param_dtype=param_dtype,
+                                   rngs=rngs)
+
+  def forward(self, x: jax.Array, *, rng: jax.Array | None = None
+              ) -> tuple[jax.Array, jax.Array]:
+    """x: [B, N, C] -> (y [B, N, C], logdet [B])."""
+    del rng
+    _check_tokens(x, self.num_tokens, self.channels)
+    permuted, _ = self.permutation.forward(x)
+    y, logdet = self.coupling.forward(permuted)   # logdet: [B, N] per-token terms
+    return self.permutation.inverse(y), jnp.sum(logdet, axis=-1)
+
+  def inverse(self, y: jax.Array) -> jax.Array:
+    _check_tokens(y, self.num_tokens, self.channels)
+    permuted, _ = self.permutation.forward(y)
+    return self.permutation.inverse(self.coupling.inverse(permuted))
+
+
+SPATIAL_PATTERNS = ("checkerboard", "checkerboard-inv", "vstripes", "vstripes-inv", "hstripes",
+                    "hstripes-inv")
+
+
+def token_split_order(num_tokens: int, pattern: str) -> np.ndarray:
+  """A token order [N] over a raster (row-major) sqrt(N) x sqrt(N) grid: first half, then second.
+
+  "checkerboard": squares with even row + column first; "vstripes": even columns first;
+  "hstripes": even rows first; "-inv" puts the other half first. Each half keeps raster order.
+  The grid side must be even, so that the halves have N/2 tokens each.
+  """
+  side = math.isqrt(num_tokens)
+  if side * side != num_tokens or side % 2:
+    raise ValueError(f"{num_tokens} tokens are not a square grid with an even side")
+  base, inverted = pattern.removesuffix("-inv"), pattern.endswith("-inv")
+  rows, cols = np.divmod(np.arange(num_tokens), side)
+  first = {"checkerboard": (rows + cols) % 2 == 0, "vstripes": cols % 2 == 0,
+           "hstripes": rows % 2 == 0}.get(base)
+  if first is None or pattern not in SPATIAL_PATTERNS:
+    raise ValueError(f"unknown pattern {pattern!r}; choose one of {SPATIAL_PATTERNS}")
+  if inverted:
+    first = ~first
+  return np.concatenate([np.flatnonzero(first), np.flatnonzero(~first)]).astype(np.int32)
+
+
+class TokenSplitCoupling(nnx.Module):
+  """A coupling across tokens on a square grid: half the tokens condition the other half.
+
+  x: [B, N, C], N = s^2 tokens in raster order on an s x s grid (s even), C even. The tokens are
+  reordered by `token_split_order(N, pattern)` (a `Buffer`); the first N/2 (x1) condition the
+  last N/2 (x2), then the original order is restored, so the layer works in place and
+  alternating patterns (e.g. "checkerboard" then "checkerboard-inv") transform both halves.
+
+  To keep the conditioner's signature the same as a channel coupling's ([B, N, C/2] in), each
+  half is reshaped [B, N/2, C] -> [B, N, C/2]: token k's channels split into pseudo-tokens 2k
+  (first C/2 channels) and 2k+1 (last C/2). The `ViTConditioner` maps x1 in that layout to
+  [B, N, C] = (raw_scale, bias), each [B, N, C/2], which are reshaped back to x2's [B, N/2, C].
+  Then scale = 2 sigmoid(raw_scale), y2 = (x2 + bias) * scale, y1 = x1, and logdet [B] is the sum
+  of log scale over x2's tokens and channels. The conditioner's read-out is zero-initialised:
+  identity at init. Jet's spatial coupling.
+  """
+
+  def __init__(self, num_tokens: int, channels: int, *, pattern: str, width: int, depth: int,
+               num_heads: int, mlp_ratio: int = 4, param_dtype=jnp.float32, rngs: nnx.Rngs):
+    if channels % 2:
+      raise ValueError(f"a token-split coupling needs an even channel count, got {channels}")
+    order = token_split_order(num_tokens, pattern)
+    self.num_tokens, self.channels, self.pattern = num_tokens, channels, pattern
+    self.order = Buffer(jnp.asarray(order))
+    self.inverse_order = Buffer(jnp.asarray(np.argsort(order).astype(np.int32)))
+    self.conditioner = ViTConditioner(channels // 2, channels, num_tokens, width=width,
+                                      depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio,
+                                      zero_init_output=True, param_dtype=param_dtype, rngs=rngs)
+
+  def _split(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """[B, N, C] in grid order -> (x1, x2), each [B, N/2, C], in pattern order."""
+    _check_tokens(x, self.num_tokens, self.channels)
+    reordered = jnp.take(x, self.order[...], axis=1)
+    return jnp.split(reordered, 2, axis=1)
+
+  def _merge(self, x1: jax.Array, x2: jax.Array) -> jax.Array:
+    return jnp.take(jnp.concatenate([x1, x2], axis=1), self.inverse_order[...], axis=1)
+
+  def _log_scale_and_bias(self, x1: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Both [B, N/2, C], in x2's layout, from x1 [B, N/2, C]."""
+    batch, half, channels = x1.shape
+    # "(N/2, C) -> (N, C/2)": a row-major reshape, so pseudo-token 2k + j holds token k's
+    # channels j C/2 .. (j+1) C/2 - 1, and the reverse reshape below undoes it exactly.
+    out = self.conditioner(x1.reshape(batch, 2 * half, channels // 2))   # [B, N, C]
+    raw_scale, bias = (part.reshape(batch, half, channels) for part in jnp.split(out, 2, -1))
+    return math.log(2) + jax.nn.log_sigmoid(raw_scale), bias
+
+  def forward(self, x: jax.Array, *, rng: jax.Array | None = None
+              ) -> tuple[jax.Array, jax.Array]:
+    """x: [B, N, C] -> (y [B, N, C], logdet [B])."""
+    del rng
+    x1, x2 = self._split(x)
+    log_scale, bias = self._log_scale_and_bias(x1)
+    y2 = (x2 + bias) * jnp.exp(log_scale)
+    return self._merge(x1, y2), jnp.sum(log_scale, axis=(1, 2))
+
+  def inverse(self, y: jax.Array) -> jax.Array:
+    y1, y2 = self._split(y)
+    log_scale, bias = self._log_scale_and_bias(y1)   # y1 == x1: the same conditioner input
+    return self._merge(y1, y2 * jnp.exp(-log_scale) - bias)
+
+
+class Jet(nnx.Module):
+  """A stack of token couplings: [B, N, C] -> (z [B, N, C], logdet [B]) and back.
+
+  Layer i is a `ChannelCoupling` or a `TokenSplitCoupling` as `kinds[i % len(kinds)]` is
+  "channels" or "spatial" (e.g. four "channels" then one "spatial"). The j-th spatial layer takes
+  pattern `SPATIAL_PATTERNS[j % 6]`; channel layer i gets the random channel permutation seeded by
+  (seed, i), so each channel layer splits the channels differently. Every layer has its own
+  `ViTConditioner` (width, conditioner_depth blocks, num_heads). Permutations are `Buffer`s: they
+  depend on `seed`, never on the init key, and are not trained. Identity at init.
+
+  logdet is per example, [B]: the sum over every layer, token and channel (the layers above
+  give it per event, `x.shape[:-1]`; here an event is a whole [N, C] example).
+  """
+
+  def __init__(self, num_tokens: int, channels: int, *, depth: int,
+               kinds: Sequence[str] = ("channels",), width: int, conditioner_depth: int,
+               num_heads: int, mlp_ratio: int = 4, seed: int = 0, param_dtype=jnp.float32,
+               rngs: nnx.Rngs):
+    kinds = tuple(kinds)
+    if not kinds or any(kind not in ("channels", "spatial") for kind in kinds):
+      raise ValueError(f"kinds must be a non-empty sequence of 'channels'/'spatial', got {kinds}")
+    self.num_tokens, self.channels, self.kinds = num_tokens, channels, kinds
+    shared = dict(width=width, depth=conditioner_depth, num_heads=num_heads, mlp_ratio=mlp_ratio,
+                  param_dtype=param_dtype, rngs=rngs)
+    layers, num_spatial = [], 0
+    for i in range(depth):
+      if kinds[i % len(kinds)] == "channels":
+        # An int seed hashed from the (seed, layer) pair: layers and seeds get independent orders.
+        layer_seed = int(np.random.SeedSequence((seed, i)).generate_state(1)[0])
+        layers.append(ChannelCoupling(num_tokens, channels, seed=layer_seed, **shared))
+      else:
+        pattern = SPATIAL_PATTERNS[num_spatial % len(SPATIAL_PATTERNS)]
+        layers.append(TokenSplitCoupling(num_tokens, channels, pattern=pattern, **shared))
+        num_spatial += 1
+    self.layers = nnx.List(layers)
+
+  def forward(self, x: jax.Array, *, rng: jax.Array | None = None
+              ) -> tuple[jax.Array, jax.Array]:
+    """x: [B, N, C] -> (z [B, N, C], logdet [B]). `rng` is unused (no dropout)."""
+    del rng
+    _check_tokens(x, self.num_tokens, self.channels)
+    logdet = jnp.zeros(x.shape[:1], x.dtype)
+    for layer in self.layers:
+      x, layer_logdet = layer.forward(x)
+      logdet = logdet + layer_logdet
+    return x, logdet
+
+  def inverse(self, z: jax.Array) -> jax.Array:
+    """z: [B, N, C] -> x [B, N, C]."""
+    _check_tokens(z, self.num_tokens, self.channels)
+    for layer in reversed(self.layers):
+      z = layer.inverse(z)
+    return z
