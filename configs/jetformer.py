@@ -33,7 +33,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.optim = ml_collections.ConfigDict(dict(
       lr=1e-3, b2=0.95, weight_decay=1e-4, warmup_fraction=0.1, clip_norm=1.0, noise_std=4.0,
       label_dropout=0.1, understanding_prob=0.5, class_weight=1.0))
-  c.train.update(dict(steps=2000, batch_size=128, log_every=100, eval_every=500,
+  c.train.update(dict(steps=1500, batch_size=128, log_every=100, eval_every=500,
                       ckpt_every=500))
   c.eval.update(dict(batch_size=40, samples_per_class=20, temperature=0.94, cfg_weight=3.0,
                      num_proposals=16))
