@@ -151,13 +151,19 @@ def flatten_metrics(metrics: Mapping[str, Any], prefix: str = "") -> list[tuple[
   return rows
 
 
+def table_cell(value: Any) -> str:
+  """Text safe inside a Markdown table cell (a literal `|` would split the cell)."""
+  return str(value).replace("|", "\\|")
+
+
 def claims_table(payload: Mapping[str, Any]) -> list[str]:
   lines = ["| claim | holds | ours | baselines | paper | test |", "|---|---|---|---|---|---|"]
   for c in payload.get("claims", []):
     baselines = ", ".join(f"{k}: {format_number(v)}" for k, v in c.get("baselines", {}).items())
-    lines.append(f"| {c['statement']} | {'yes' if c['holds'] else '**no**'} | "
+    lines.append(f"| {table_cell(c['statement'])} | {'yes' if c['holds'] else '**no**'} | "
                  f"{format_number(c.get('ours'))} | {baselines or '—'} | "
-                 f"{format_number(c.get('paper'))} | {c.get('comparison', '')} |")
+                 f"{table_cell(format_number(c.get('paper')))} | "
+                 f"{table_cell(c.get('comparison', ''))} |")
   return lines
 
 
@@ -190,7 +196,7 @@ def methods_table(methods: Sequence[tuple[str, str]],
     head = (payload or {}).get("headline") or {}
     ours = paper = "—"
     if head:
-      ours = f"{format_number(head.get('ours'))} ({head.get('name', '')})"
+      ours = table_cell(f"{format_number(head.get('ours'))} ({head.get('name', '')})")
       paper = format_number(head.get("paper"))
     command = (f"`python -m experiments.{slug} --config=configs/{slug}.py:quick`"
                if payload or (REPO_ROOT / "configs" / f"{slug}.py").exists() else "—")

@@ -58,3 +58,13 @@ def test_method_results_block_lists_claims_and_metrics():
       "slug": "toy", "preset": "quick", "commit": "abc", "wall_s": 2.0, "device": "cpu",
       "metrics": {"grad": {"x": 0.5}}, "claims": []})
   assert "| `grad.x` | 0.5 |" in block
+
+
+def test_pipes_in_names_do_not_split_table_cells():
+  payload = {"slug": "m", "headline": {"name": "mean |error|", "ours": 0.5, "paper": None},
+             "claims": [results.claim("c", "a |b| claim", ours=1.0, holds=True,
+                                      comparison="|x| < |y|")]}
+  row = results.methods_table([("m", "M")], {"m": payload}).splitlines()[-1]
+  assert row.count("|") - row.count("\\|") == 7   # 6 columns, as in the header
+  claim_row = results.claims_table(payload)[-1]
+  assert claim_row.count("|") - claim_row.count("\\|") == 7
