@@ -24,6 +24,18 @@ def time_call(fn, *args, repeats: int) -> float:
   return sorted(times)[len(times) // 2]
 
 
+def seconds_per_update(update, state, batch, steps: int) -> float:
+  """Steady-state seconds per call of a jitted `update(state, batch, key)` that
+  donates its state: one warm-up call, then `steps` timed calls."""
+  state, metrics = update(state, batch, jax.random.key(10_000))
+  jax.block_until_ready(metrics)
+  start = time.perf_counter()
+  for i in range(steps):
+    state, metrics = update(state, batch, jax.random.key(i))
+  jax.block_until_ready(metrics)
+  return (time.perf_counter() - start) / steps
+
+
 def matmul_peak(dtype, size: int = 2048, repeats: int = 10) -> float:
   """GFLOP/s of a jitted size x size `jnp.dot`: the machine's practical peak."""
   a = jax.random.normal(jax.random.key(0), (size, size), dtype)

@@ -18,7 +18,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
-from benchmarks.common import append_results, machine, matmul_peak, time_call  # pylint: disable=g-import-not-at-top
+from benchmarks.common import append_results, machine, matmul_peak, seconds_per_update, time_call  # pylint: disable=g-import-not-at-top
 from jaxlab.core import config as config_lib  # pylint: disable=g-import-not-at-top
 from jaxlab.core import host  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.jetformer import reproduction  # pylint: disable=g-import-not-at-top
@@ -43,13 +43,7 @@ def bench_variant(config, steps: int) -> tuple[float, float, float]:
   compiled = update.lower(state, batch, jax.random.key(1)).compile()
   compile_s = time.perf_counter() - start
   flops = (compiled.cost_analysis() or {}).get("flops", float("nan"))
-  state, metrics = update(state, batch, jax.random.key(1))
-  jax.block_until_ready(metrics)
-  start = time.perf_counter()
-  for i in range(steps):
-    state, metrics = update(state, batch, jax.random.key(i))
-  jax.block_until_ready(metrics)
-  seconds = (time.perf_counter() - start) / steps
+  seconds = seconds_per_update(update, state, batch, steps)
   return 1 / seconds, flops / seconds / 1e9, compile_s
 
 

@@ -17,14 +17,13 @@ import os
 import pathlib
 import platform
 import sys
-import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
-from benchmarks.common import append_results, matmul_peak  # pylint: disable=g-import-not-at-top
+from benchmarks.common import append_results, matmul_peak, seconds_per_update  # pylint: disable=g-import-not-at-top
 from jaxlab.core import config as config_lib  # pylint: disable=g-import-not-at-top
 from jaxlab.core import host  # pylint: disable=g-import-not-at-top
 from jaxlab.data import least_squares  # pylint: disable=g-import-not-at-top
@@ -67,13 +66,7 @@ def bench_step(arch: str, conv_impl: str, precision: str, batch: int, steps: int
     batch_data = least_squares.sample_problems(jax.random.key(1), batch, 20, 5, dtype=dtype)
     flops = step_flops(config, state, batch_data)
     update = jax.jit(experiment.update, donate_argnums=0)
-    state, _ = update(state, batch_data, jax.random.key(2))
-    jax.block_until_ready(state)
-    start = time.perf_counter()
-    for i in range(steps):
-      state, metrics = update(state, batch_data, jax.random.key(i))
-    jax.block_until_ready(metrics)
-    seconds = (time.perf_counter() - start) / steps
+    seconds = seconds_per_update(update, state, batch_data, steps)
   return 1.0 / seconds, flops / seconds / 1e9
 
 
