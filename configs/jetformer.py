@@ -36,7 +36,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.train.update(dict(steps=1500, batch_size=128, log_every=100, eval_every=500,
                       ckpt_every=500))
   c.eval.update(dict(batch_size=40, samples_per_class=20, temperature=0.94, cfg_weight=3.0,
-                     num_proposals=16))
+                     rejection_candidates=64))
   c.variants = ml_collections.ConfigDict({
       "jetformer": dict(),
       "flow_only": dict(model=dict(use_decoder=False), optim=dict(noise_std=0.0)),
@@ -55,7 +55,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                         mlp_dim=32, num_mixtures=2))
     c.train.update(dict(steps=3, batch_size=16, log_every=1, eval_every=3, ckpt_every=3,
                         progress=False))
-    c.eval.update(dict(batch_size=40, samples_per_class=2, num_proposals=2))
+    c.eval.update(dict(batch_size=40, samples_per_class=2, rejection_candidates=4))
     c.run_variants = "jetformer,flow_only"
   if arg.steps:
     c.train.steps = arg.steps

@@ -71,7 +71,7 @@ def generate(config: ml_collections.ConfigDict, params: Any, key: jax.Array) -> 
   def draw(params, key):
     return sampling.sample_levels(
         model.module(params), key, labels, temperature=config.eval.temperature,
-        cfg_weight=config.eval.cfg_weight, num_proposals=config.eval.num_proposals,
+        cfg_weight=config.eval.cfg_weight, num_candidates=config.eval.rejection_candidates,
         num_levels=config.data.num_levels, patch=config.model.patch,
         image_shape=digits.IMAGE_SHAPE)
   return np.asarray(draw(params, key)), np.asarray(labels)

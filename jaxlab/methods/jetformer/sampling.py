@@ -4,12 +4,15 @@ Sampling fills the N soft tokens one at a time inside a `jax.lax.scan` (the caus
 the whole fixed-length sequence; positions after the current one are zeros it cannot see), draws
 the factored-out dimensions from N(0, 1) and inverts the flow back to pixels.
 
-Guidance targets p_c^(1+w) / p_u^w per token, p_c / p_u the conditional / unconditional (no-label)
-mixtures. We draw `num_proposals` candidates from p_c (scales times the temperature) and resample
-one with weights (p_c / p_u)^w: sampling-importance-resampling, exact as the number of proposals
-grows, instead of the official per-dimension rejection sampler.
+Classifier-free guidance, as the paper's sampler does it: per token a mixture component k is drawn
+from the conditional mixture; with c = N(mu_c[k], s_c[k]) and u = N(mu_u[k], s_u[k]) the same
+component of the unconditional (no-label) mixture, scales times the temperature, every dimension
+is drawn by rejection sampling from the guided density c^(1+w) / u^w, with a wider Gaussian
+proposal N(mu_c, 2 max(s_c, s_u)); where no candidate is accepted it falls back to c.
 """
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
@@ -19,8 +22,44 @@ from jaxlab.methods.jetformer import tokens as tokens_lib
 from jaxlab.zoo import gmm
 
 
+def _normal_log_pdf(x: jax.Array, mean: jax.Array, scale: jax.Array) -> jax.Array:
+  return -0.5 * ((x - mean) / scale) ** 2 - jnp.log(scale) - 0.5 * math.log(2 * math.pi)
+
+
+def guided_gaussian_sample(key: jax.Array, mean_c: jax.Array, scale_c: jax.Array,
+                           mean_u: jax.Array, scale_u: jax.Array, weight: float, *,
+                           num_candidates: int = 64, grid_size: int = 257) -> jax.Array:
+  """One draw per element from the density proportional to N(mean_c, scale_c)^(1 + w) /
+  N(mean_u, scale_u)^w (all arguments share a shape), by rejection sampling.
+
+  The acceptance bound is the largest target / proposal ratio on a grid of +-8 proposal scales;
+  an element with no accepted candidate (a guided density that is not normalisable, or an
+  unlucky draw) takes a sample of N(mean_c, scale_c) instead.
+  """
+  candidate_key, accept_key, fallback_key = jax.random.split(key, 3)
+  proposal_scale = 2 * jnp.maximum(scale_c, scale_u)
+
+  def log_ratio(x):   # x: [P, ...], P points per element
+    mc, sc, mu, su, sp = (a[None] for a in (mean_c, scale_c, mean_u, scale_u, proposal_scale))
+    target = (1 + weight) * _normal_log_pdf(x, mc, sc) - weight * _normal_log_pdf(x, mu, su)
+    return target - _normal_log_pdf(x, mc, sp)
+
+  offsets = jnp.broadcast_to(
+      jnp.linspace(-8.0, 8.0, grid_size).reshape((grid_size,) + (1,) * mean_c.ndim),
+      (grid_size,) + mean_c.shape).astype(mean_c.dtype)
+  log_bound = jnp.max(log_ratio(mean_c[None] + proposal_scale[None] * offsets), axis=0)
+  candidates = mean_c[None] + proposal_scale[None] * jax.random.normal(
+      candidate_key, (num_candidates,) + mean_c.shape, mean_c.dtype)
+  log_uniform = jnp.log(jax.random.uniform(accept_key, candidates.shape, mean_c.dtype))
+  accepted = log_uniform < log_ratio(candidates) - log_bound[None]
+  first = jnp.argmax(accepted, axis=0)
+  chosen = jnp.take_along_axis(candidates, first[None], axis=0)[0]
+  fallback = mean_c + scale_c * jax.random.normal(fallback_key, mean_c.shape, mean_c.dtype)
+  return jnp.where(jnp.any(accepted, axis=0), chosen, fallback)
+
+
 def sample_levels(model: model_lib.JetFormer, key: jax.Array, labels: jax.Array, *,
-                  temperature: float, cfg_weight: float, num_proposals: int, num_levels: int,
+                  temperature: float, cfg_weight: float, num_candidates: int, num_levels: int,
                   patch: int, image_shape: tuple[int, int, int]) -> jax.Array:
   """Integer images [S, H, W, C] for class labels [S] (ignored by a model without decoder)."""
   count = labels.shape[0]
@@ -37,17 +76,15 @@ def sample_levels(model: model_lib.JetFormer, key: jax.Array, labels: jax.Array,
       return model.head(jax.lax.dynamic_index_in_dim(hidden, 2 + i, axis=1, keepdims=False))
 
     def next_token(z_ar, i):
-      step_key = jax.random.fold_in(token_key, i)
-      conditional = mixture_at(model.hidden(labels, z_ar, image_first), i)
-      unconditional = mixture_at(model.hidden(no_label, z_ar, image_first), i)
-      proposal_keys = jax.random.split(jax.random.fold_in(step_key, 0), num_proposals)
-      proposals = jax.vmap(lambda k: gmm.sample(k, *conditional, temperature=temperature))(
-          proposal_keys)                                                    # [P, S, ar]
-      log_ratio = (jax.vmap(lambda p: gmm.log_prob(p, *conditional))(proposals)
-                   - jax.vmap(lambda p: gmm.log_prob(p, *unconditional))(proposals))
-      pick = jax.random.categorical(jax.random.fold_in(step_key, 1), cfg_weight * log_ratio,
-                                    axis=0)                                # [S]
-      token = jnp.take_along_axis(proposals, pick[None, :, None], axis=0)[0]
+      component_key, sample_key = jax.random.split(jax.random.fold_in(token_key, i))
+      logits_c, means_c, scales_c = mixture_at(model.hidden(labels, z_ar, image_first), i)
+      _, means_u, scales_u = mixture_at(model.hidden(no_label, z_ar, image_first), i)
+      component = jax.random.categorical(component_key, logits_c, axis=-1)        # [S]
+      mean_c, scale_c = gmm.take_component(means_c, scales_c, component)          # [S, ar]
+      mean_u, scale_u = gmm.take_component(means_u, scales_u, component)
+      token = guided_gaussian_sample(sample_key, mean_c, temperature * scale_c, mean_u,
+                                     temperature * scale_u, cfg_weight,
+                                     num_candidates=num_candidates)
       return jax.lax.dynamic_update_index_in_dim(z_ar, token, i, axis=1), None
 
     z_ar, _ = jax.lax.scan(next_token, jnp.zeros((count, n, ar_dim), dtype), jnp.arange(n))

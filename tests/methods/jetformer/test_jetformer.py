@@ -75,7 +75,7 @@ def test_sampling_and_understanding_shapes():
   model = functional.module(functional.init(jax.random.key(0)))
   labels = jnp.array([0, 3, 9])
   levels = sampling.sample_levels(model, jax.random.key(1), labels, temperature=0.9,
-                                  cfg_weight=3.0, num_proposals=4, num_levels=17, patch=2,
+                                  cfg_weight=3.0, num_candidates=4, num_levels=17, patch=2,
                                   image_shape=digits.IMAGE_SHAPE)
   assert levels.shape == (3, 8, 8, 1) and levels.min() >= 0 and levels.max() <= 16
   predictions = sampling.predict_classes(model, levels, num_levels=17, patch=2)
@@ -91,3 +91,20 @@ def test_train_step_compiles_once(tmp_path):
                                      evaluate=experiment.evaluate, eval_data=experiment.eval_data)
   result = train_loop.run(experiment, config, tmp_path)
   assert result.step == 4 and np.isfinite(result.eval_metrics["eval/bpd"])
+
+
+def test_guided_rejection_sampler_matches_the_closed_form_gaussian():
+  """N(m_c, s_c)^(1+w) / N(m_u, s_u)^w is Gaussian when its precision is positive: precision
+  (1+w)/s_c^2 - w/s_u^2, mean ((1+w) m_c/s_c^2 - w m_u/s_u^2) / precision."""
+  n, w = 40_000, 2.0
+  shape = (n,)
+  m_c, s_c, m_u, s_u = 0.5, 1.0, -0.5, 1.5
+  full = lambda v: jnp.full(shape, v)
+  draws = np.asarray(sampling.guided_gaussian_sample(
+      jax.random.key(0), full(m_c), full(s_c), full(m_u), full(s_u), w))
+  precision = (1 + w) / s_c**2 - w / s_u**2
+  mean = ((1 + w) * m_c / s_c**2 - w * m_u / s_u**2) / precision
+  assert abs(draws.mean() - mean) < 0.02 and abs(draws.std() - precision**-0.5) < 0.02
+  plain = np.asarray(sampling.guided_gaussian_sample(
+      jax.random.key(1), full(m_c), full(s_c), full(m_u), full(s_u), 0.0))
+  assert abs(plain.mean() - m_c) < 0.02 and abs(plain.std() - s_c) < 0.02
