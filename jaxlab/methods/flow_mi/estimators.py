@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -59,30 +59,29 @@ class Options:
   standardize: bool = True
 
   def schedule(self) -> fitting.Schedule:
-    return fitting.Schedule(steps=self.steps, batch_size=self.batch_size,
-                            eval_every=self.eval_every, ckpt_every=self.ckpt_every,
-                            plateau_factor=self.plateau_factor,
-                            plateau_patience=self.plateau_patience)
+    """The training-loop fields (every field of `fitting.Schedule` is also one of ours)."""
+    return fitting.Schedule(**{f.name: getattr(self, f.name)
+                               for f in dataclasses.fields(fitting.Schedule)})
 
   @classmethod
   def from_mapping(cls, values: dict[str, Any]) -> "Options":
-    known = {f.name for f in dataclasses.fields(cls)}
+    known = sorted(f.name for f in dataclasses.fields(cls))
     for key in values:
-      if key not in known:
-        close = difflib.get_close_matches(key, known, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(f"unknown estimator option {key!r}{hint}; options: "
-                         f"{', '.join(sorted(known))}")
+      _require_known("estimator option", key, known)
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
     return cls(**values)
 
 
-def check_method(method: str) -> str:
-  if method not in ALL_METHODS:
-    close = difflib.get_close_matches(method, ALL_METHODS, n=1)
+def _require_known(kind: str, name: str, known: Sequence[str]) -> None:
+  """A ValueError naming `name`, the closest known name and all of them, unless it is known."""
+  if name not in known:
+    close = difflib.get_close_matches(name, known, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise ValueError(f"unknown MI estimator {method!r}{hint}; choose one of "
-                     f"{', '.join(ALL_METHODS)}")
+    raise ValueError(f"unknown {kind} {name!r}{hint}; choose one of {', '.join(known)}")
+
+
+def check_method(method: str) -> str:
+  _require_known("MI estimator", method, ALL_METHODS)
   return method
 
 
