@@ -39,21 +39,31 @@ class MLP(nnx.Module):
 
   `init_std` gives N(0, std^2) weights (None: Flax's default LeCun normal); `out_init_std`
   overrides it for the last layer (GPT-2 scales the residual projection by 1/sqrt(2 * depth)).
+  `torch_init` initialises every layer like `torch.nn.Linear` instead. `layer_norm` puts a
+  LayerNorm (torch's epsilon 1e-5) between each hidden projection and its activation.
   """
 
   def __init__(self, features: Sequence[int], *, activation: str = "gelu",
                init_std: float | None = None, out_init_std: float | None = None,
+               torch_init: bool = False, layer_norm: bool = False,
                param_dtype=jnp.float32, rngs: nnx.Rngs):
     if len(features) < 2:
       raise ValueError(f"MLP needs at least [in, out] features, got {list(features)}")
     if activation not in ACTIVATIONS:
       raise ValueError(f"unknown activation {activation!r}; choose one of {sorted(ACTIVATIONS)}")
+    if torch_init and (init_std is not None or out_init_std is not None):
+      raise ValueError("torch_init and init_std/out_init_std are alternatives; give one")
     self.activation = activation
+    self.norms = nnx.List([nnx.LayerNorm(width, epsilon=1e-5, param_dtype=param_dtype,
+                                         rngs=rngs) for width in features[1:-1]]
+                          if layer_norm else [])
     layers = []
     last = len(features) - 2
     for i, (fan_in, fan_out) in enumerate(zip(features[:-1], features[1:])):
       std = out_init_std if (i == last and out_init_std is not None) else init_std
-      if std is None:
+      if torch_init:
+        layers.append(torch_default_linear(fan_in, fan_out, param_dtype=param_dtype, rngs=rngs))
+      elif std is None:
         layers.append(nnx.Linear(fan_in, fan_out, param_dtype=param_dtype, rngs=rngs))
       else:
         layers.append(normal_linear(fan_in, fan_out, std=std, param_dtype=param_dtype,
@@ -65,5 +75,7 @@ class MLP(nnx.Module):
     for i, layer in enumerate(self.layers):
       x = layer(x)
       if i < len(self.layers) - 1:
+        if self.norms:
+          x = self.norms[i](x)
         x = act(x)
     return x

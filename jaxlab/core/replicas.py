@@ -1,0 +1,114 @@
+"""Fitting many independent replicas of one model at once, in scanned chunks.
+
+Some methods do not train one model on a data stream but fit a small model per (dataset, seed):
+an estimator per task, an embedding per graph. Their fast form is one jitted function that runs
+`chunk_steps` steps of every replica (a `lax.scan` inside a `vmap` over the leading replica axis)
+and compiles once; Python runs only between chunks. This module is the outer loop around such a
+function: restore from `workdir/checkpoints`, call the chunk function until `steps`, log a summary
+of every chunk to `metrics.jsonl` and the progress bar, checkpoint every `ckpt_every` steps and at
+the end. The chunk function must take the step range as traced arguments (`start`, `stop`) and
+leave replicas unchanged at steps >= stop, so a ragged last chunk or a resumed run reuses it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxlab.core import checkpoint as checkpoint_lib
+from jaxlab.core import metrics as metrics_lib
+from jaxlab.core import parallel
+
+PyTree = Any
+ChunkFn = Callable[[PyTree, jax.Array, jax.Array], tuple[PyTree, Mapping[str, jax.Array]]]
+
+
+def mean_ignoring_nan(values: Any) -> float:
+  values = np.asarray(values, float)
+  return float(np.nanmean(values)) if np.any(np.isfinite(values)) else math.nan
+
+
+def summarize_replicas(metrics: Mapping[str, np.ndarray]) -> dict[str, float]:
+  """Per-replica chunk metrics -> one number each (the mean over replicas, NaNs ignored)."""
+  return {name: mean_ignoring_nan(value) for name, value in metrics.items()}
+
+
+def place(tree: PyTree, mesh: jax.sharding.Mesh) -> PyTree:
+  """Replica-stacked arrays: split over the data axis when the replicas divide it, else
+  replicated (each replica's step is independent, so either placement gives the same result)."""
+  num_replicas = jax.tree.leaves(tree)[0].shape[0]
+  sharding = (parallel.data_sharded(mesh) if num_replicas % mesh.devices.size == 0
+              else parallel.replicated(mesh))
+  return jax.device_put(tree, sharding)
+
+
+@dataclasses.dataclass
+class ChunkedRun:
+  state: PyTree                         # the replica-stacked state after the last step
+  history: list[dict[str, Any]]         # one summary record per chunk run by this call
+  last_metrics: dict[str, np.ndarray] | None   # per-replica metrics of the last chunk run
+  wall_s: float = 0.0                   # this call
+  earlier_s: float = 0.0                # earlier calls on the same workdir that this one resumed
+
+
+def run_chunks(init: Callable[[], PyTree], chunk: ChunkFn, *, steps: int, chunk_steps: int,
+               ckpt_every: int, mesh: jax.sharding.Mesh,
+               workdir: str | os.PathLike | None = None, desc: str = "fit",
+               progress: bool = True,
+               summarize: Callable[[dict[str, np.ndarray]], dict[str, Any]] = summarize_replicas,
+               ) -> ChunkedRun:
+  """Runs `chunk(state, start, stop)` from the last checkpoint (or `init()`) up to `steps`.
+
+  `init` returns the replica-stacked initial state (it is only traced abstractly when a
+  checkpoint exists). Checkpoints land at multiples of `ckpt_every` that end a chunk, and at
+  `steps`; `chunk_steps` should divide `ckpt_every`.
+  """
+  if chunk_steps <= 0 or steps < 0:
+    raise ValueError(f"need chunk_steps > 0 and steps >= 0, got {chunk_steps}, {steps}")
+  start_time = time.perf_counter()
+  checkpointer = writer = None
+  step, state, earlier_s = 0, None, 0.0
+  if workdir is not None:
+    checkpointer = checkpoint_lib.Checkpointer(os.path.join(os.fspath(workdir), "checkpoints"))
+    writer = metrics_lib.MetricWriter(workdir)
+    latest = checkpointer.latest_step()
+    if latest is not None:
+      abstract = jax.eval_shape(init)
+      state, _, meta = checkpointer.restore(latest, checkpoint_lib.abstract_like(
+          abstract, parallel.replicated(mesh)))
+      step, earlier_s = latest, float(meta.get("train_s", 0.0))
+  if state is None:
+    state = init()
+  state = place(state, mesh)
+
+  history: list[dict[str, Any]] = []
+  last_metrics = None
+  bar = metrics_lib.Progress(steps, initial=min(step, steps), desc=desc, enabled=progress)
+  try:
+    while step < steps:
+      stop = min(step + chunk_steps, steps)
+      state, chunk_metrics = chunk(state, jnp.asarray(step), jnp.asarray(stop))
+      step = stop
+      last_metrics = {k: np.asarray(v) for k, v in jax.device_get(chunk_metrics).items()}
+      record = summarize(last_metrics)
+      history.append({"step": step, **record})
+      bar.update(step, record)
+      if writer is not None:
+        writer.write(step, record)
+      if checkpointer is not None and (step % ckpt_every == 0 or step == steps):
+        checkpointer.save(step, state, meta={
+            "step": step, "train_s": earlier_s + time.perf_counter() - start_time})
+  finally:
+    bar.close()
+    if writer is not None:
+      writer.close()
+    if checkpointer is not None:
+      checkpointer.close()
+  return ChunkedRun(state=state, history=history, last_metrics=last_metrics,
+                    wall_s=time.perf_counter() - start_time, earlier_s=earlier_s)
