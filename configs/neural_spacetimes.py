@@ -1,15 +1,15 @@
 """neural_spacetimes: Neural Spacetimes for DAG representation learning (ICLR 2025).
 
 COMMAND: python -m experiments.neural_spacetimes --config=configs/neural_spacetimes.py:quick
-EXPECTED (quick, 2 CPU cores, ~12 min): on the synthetic 50-node DAGs (five edge-metric types,
+EXPECTED (quick, 2 CPU cores, ~14 min): on the synthetic 50-node DAGs (five edge-metric types,
 dimensions 2, 4, 10) and the three DREAM5 networks, NST's mean distortion is close to 1 with a
 small maximum, while Minkowski and de Sitter embeddings of the same encoder have far larger
 spreads (synthetic type 1, dim 2: NST ~1.05 vs Minkowski ~3); NST's distortion moves towards 1
 as the dimension grows. Measured numbers: results/neural_spacetimes.json, discussed in
 jaxlab/methods/neural_spacetimes/README.md.
 
-Presets: smoke (tests, seconds), quick (the CPU reproduction: 2,500 full-batch epochs on the
-synthetic graphs, 200 on DREAM5, one initialisation seed), paper (the official 5,000 epochs
+Presets: smoke (tests, seconds), quick (the CPU reproduction: 2,000 full-batch epochs on the
+synthetic graphs, 500 on DREAM5, one initialisation seed), paper (the official 5,000 epochs
 everywhere).
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       data_dir=ml_collections.config_dict.placeholder(str)))
 
   if preset == "quick":
-    c.train.update(dict(steps=2_500, dream5_steps=200, eval_every=100, ckpt_every=500))
+    c.train.update(dict(steps=2_000, dream5_steps=500, eval_every=100, ckpt_every=500))
   elif preset == "smoke":
     c.model.update(dict(dims=(2,), encoder_depth=2, encoder_width=16))
     c.data.update(dict(metric_types="type1,type3", dream5_networks="e_coli", num_nodes=12,

@@ -7,7 +7,9 @@ and compiles once; Python runs only between chunks. This module is the outer loo
 function: restore from `workdir/checkpoints`, call the chunk function until `steps`, log a summary
 of every chunk to `metrics.jsonl` and the progress bar, checkpoint every `ckpt_every` steps and at
 the end. The chunk function must take the step range as traced arguments (`start`, `stop`) and
-leave replicas unchanged at steps >= stop, so a ragged last chunk or a resumed run reuses it.
+leave replicas unchanged at steps >= stop, so a ragged last chunk or a resumed run reuses it, and
+it should return its state with the input's `replica_sharding` (jit's `out_shardings`): XLA may
+otherwise hand back a replicated state, and the next call with a new sharding compiles again.
 """
 from __future__ import annotations
 
@@ -39,13 +41,17 @@ def summarize_replicas(metrics: Mapping[str, np.ndarray]) -> dict[str, float]:
   return {name: mean_ignoring_nan(value) for name, value in metrics.items()}
 
 
+def replica_sharding(num_replicas: int, mesh: jax.sharding.Mesh) -> jax.sharding.NamedSharding:
+  """Replicas split over the data axis when they divide it, else replicated (each replica's
+  step is independent, so either placement gives the same result)."""
+  return (parallel.data_sharded(mesh) if num_replicas % mesh.devices.size == 0
+          else parallel.replicated(mesh))
+
+
 def place(tree: PyTree, mesh: jax.sharding.Mesh) -> PyTree:
-  """Replica-stacked arrays: split over the data axis when the replicas divide it, else
-  replicated (each replica's step is independent, so either placement gives the same result)."""
+  """Replica-stacked arrays [R, ...] placed by `replica_sharding`."""
   num_replicas = jax.tree.leaves(tree)[0].shape[0]
-  sharding = (parallel.data_sharded(mesh) if num_replicas % mesh.devices.size == 0
-              else parallel.replicated(mesh))
-  return jax.device_put(tree, sharding)
+  return jax.device_put(tree, replica_sharding(num_replicas, mesh))
 
 
 @dataclasses.dataclass

@@ -12,7 +12,7 @@ this is flow_mi's own loop, assembled from the shared pieces (`core.parallel`, `
 
 Speed: `eval_every` training steps and the evaluation after them are one `jax.lax.scan` inside
 one jitted, seed-vmapped function that compiles once per (estimator, data shape); Python only
-runs between evaluations (progress bar, metrics, checkpoints). A step whose loss or gradient is
+runs between evaluations (progress bar, metrics, checkpoints: `core.replicas.run_chunks`). A step whose loss or gradient is
 not finite is skipped (the seed keeps its previous parameters) and counted in `skipped_steps`.
 
 Resume: with a workdir, the state of every seed is checkpointed every `ckpt_every` steps and at
@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import os
-import time
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -33,9 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxlab.core import checkpoint as checkpoint_lib
-from jaxlab.core import metrics as metrics_lib
 from jaxlab.core import parallel
+from jaxlab.core import replicas
 from jaxlab.zoo import functional
 
 PyTree = Any
@@ -161,16 +158,21 @@ def _one_seed_chunk(trainable: Trainable, schedule: Schedule, state: dict[str, P
   return state, metrics
 
 
-def chunk_function(trainable: Trainable, schedule: Schedule) -> Callable[..., Any]:
-  """jit(vmap over seeds) of one chunk; cached, so it compiles once per data shape (the total
-  number of steps and the checkpoint period are not part of the compiled function)."""
-  return _chunk_function(trainable, dataclasses.replace(schedule, steps=0, ckpt_every=0))
+def chunk_function(trainable: Trainable, schedule: Schedule,
+                   sharding: jax.sharding.Sharding | None = None) -> Callable[..., Any]:
+  """jit(vmap over seeds) of one chunk, the state returned with `sharding`; cached, so it
+  compiles once per data shape (the total number of steps and the checkpoint period are not
+  part of the compiled function)."""
+  return _chunk_function(trainable, dataclasses.replace(schedule, steps=0, ckpt_every=0),
+                         sharding)
 
 
 @functools.lru_cache(maxsize=None)
-def _chunk_function(trainable: Trainable, schedule: Schedule) -> Callable[..., Any]:
+def _chunk_function(trainable: Trainable, schedule: Schedule,
+                    sharding: jax.sharding.Sharding | None) -> Callable[..., Any]:
   one_seed = functools.partial(_one_seed_chunk, trainable, schedule)
-  return jax.jit(jax.vmap(one_seed, in_axes=(0, 0, 0, None, None)), donate_argnums=0)
+  return jax.jit(jax.vmap(one_seed, in_axes=(0, 0, 0, None, None)), donate_argnums=0,
+                 out_shardings=sharding)
 
 
 @functools.lru_cache(maxsize=None)
@@ -178,12 +180,8 @@ def _init_function(trainable: Trainable, schedule: Schedule) -> Callable[..., An
   return jax.jit(jax.vmap(functools.partial(init_state, trainable, schedule)))
 
 
-def place(tree: PyTree, mesh: jax.sharding.Mesh) -> PyTree:
-  """Seed-stacked arrays: split over the data axis when the seeds divide it, else replicated."""
-  num_seeds = jax.tree.leaves(tree)[0].shape[0]
-  sharding = (parallel.data_sharded(mesh) if num_seeds % mesh.devices.size == 0
-              else parallel.replicated(mesh))
-  return jax.device_put(tree, sharding)
+def _summarize(metrics: dict[str, np.ndarray]) -> dict[str, Any]:
+  return {**replicas.summarize_replicas(metrics), "eval/mi_per_seed": metrics["eval/mi"].tolist()}
 
 
 def fit(trainable: Trainable, data: FitData, keys: jax.Array, schedule: Schedule, *,
@@ -191,61 +189,29 @@ def fit(trainable: Trainable, data: FitData, keys: jax.Array, schedule: Schedule
         desc: str | None = None, progress: bool = True) -> FitResult:
   """Trains `trainable` on every seed's data for `schedule.steps` steps (resuming from
   `workdir/checkpoints` when present). `keys` [S] seed the initialisation and the minibatches."""
-  start_time = time.perf_counter()
   mesh = mesh or parallel.make_mesh()
-  data = place(data, mesh)
+  data = replicas.place(data, mesh)
   init_keys, train_keys = jax.vmap(jax.random.split, out_axes=1)(keys)
-  train_keys = place(train_keys, mesh)
+  train_keys = replicas.place(train_keys, mesh)
   init_fn = _init_function(trainable, schedule)
-
-  checkpointer = writer = None
-  step, state, earlier_s = 0, None, 0.0
-  if workdir is not None:
-    checkpointer = checkpoint_lib.Checkpointer(os.path.join(os.fspath(workdir), "checkpoints"))
-    writer = metrics_lib.MetricWriter(workdir)
-    latest = checkpointer.latest_step()
-    if latest is not None:
-      abstract = jax.eval_shape(init_fn, init_keys)
-      state, _, meta = checkpointer.restore(latest, checkpoint_lib.abstract_like(
-          abstract, parallel.replicated(mesh)))
-      step, earlier_s = latest, float(meta.get("train_s", 0.0))
-  if state is None:
-    state = init_fn(init_keys)
-  state = place(state, mesh)
-
-  history: list[dict[str, Any]] = []
-  bar = metrics_lib.Progress(schedule.steps, initial=min(step, schedule.steps),
-                             desc=desc or trainable.name, enabled=progress)
-  try:
-    while step < schedule.steps:
-      stop = min(step + schedule.eval_every, schedule.steps)
-      state, chunk_metrics = chunk_function(trainable, schedule)(
-          state, data, train_keys, jnp.asarray(step), jnp.asarray(stop))
-      step = stop
-      host = jax.device_get(chunk_metrics)
-      record = {name: mean_ignoring_nan(value) for name, value in host.items()}
-      history.append({"step": step, **record})
-      bar.update(step, record)
-      if writer is not None:
-        writer.write(step, {**record, "eval/mi_per_seed": host["eval/mi"].tolist()})
-      if checkpointer is not None and (step % schedule.ckpt_every == 0 or
-                                       step == schedule.steps):
-        checkpointer.save(step, state, meta={
-            "step": step, "train_s": earlier_s + time.perf_counter() - start_time})
-  finally:
-    bar.close()
-    if writer is not None:
-      writer.close()
-    if checkpointer is not None:
-      checkpointer.close()
-
+  chunk = chunk_function(trainable, schedule,
+                         replicas.replica_sharding(keys.shape[0], mesh))
+  run = replicas.run_chunks(
+      lambda: init_fn(init_keys),
+      lambda state, start, stop: chunk(state, data, train_keys, start, stop),
+      steps=schedule.steps, chunk_steps=schedule.eval_every, ckpt_every=schedule.ckpt_every,
+      mesh=mesh, workdir=workdir, desc=desc or trainable.name, progress=progress,
+      summarize=_summarize)
+  state = run.state
+  history = [{k: v for k, v in record.items() if k != "eval/mi_per_seed"}
+             for record in run.history]
   final_mi = (np.asarray(jax.device_get(trainable_final_mi(trainable, state, data)))
-              if not history else np.asarray(jax.device_get(chunk_metrics["eval/mi"])))
+              if run.last_metrics is None else np.asarray(run.last_metrics["eval/mi"]))
   host_state = jax.device_get({k: state[k] for k in ("best_mi", "best_step", "skipped_steps")})
   return FitResult(best_mi=np.asarray(host_state["best_mi"], float), final_mi=final_mi,
                    best_step=np.asarray(host_state["best_step"]),
                    skipped_steps=np.asarray(host_state["skipped_steps"]), history=history,
-                   wall_s=time.perf_counter() - start_time, earlier_s=earlier_s)
+                   wall_s=run.wall_s, earlier_s=run.earlier_s)
 
 
 def trainable_final_mi(trainable: Trainable, state: dict[str, PyTree],
@@ -255,6 +221,4 @@ def trainable_final_mi(trainable: Trainable, state: dict[str, PyTree],
   return jax.jit(evaluate)(state["params"], data.x_test, data.y_test)
 
 
-def mean_ignoring_nan(values: np.ndarray) -> float:
-  values = np.asarray(values, float)
-  return float(np.nanmean(values)) if np.any(np.isfinite(values)) else math.nan
+mean_ignoring_nan = replicas.mean_ignoring_nan

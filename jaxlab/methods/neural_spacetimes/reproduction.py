@@ -150,7 +150,9 @@ def summarize(per_seed: dict[str, Any], graphs: dict[str, dags.WeightedDag]) -> 
                     for dim, by_model in by_dim.items()}
              for name, by_dim in per_seed[stat].items()}
       for stat in STATS}
-  summary["per_seed"] = jax.tree.map(_finite_or_none, per_seed)
+  seed_lists = jax.tree.leaves(per_seed, is_leaf=lambda node: isinstance(node, list))
+  if any(len(values) > 1 for values in seed_lists):
+    summary["per_seed"] = jax.tree.map(_finite_or_none, per_seed)
   summary["data"] = {name: {"nodes": g.num_nodes, "edges": g.num_edges, "layout": g.layout}
                      for name, g in graphs.items()}
   return summary

@@ -58,10 +58,10 @@ def init_function(spec: models.SpacetimeSpec, schedule: Schedule):
   return jax.jit(jax.vmap(init_one))
 
 
-@functools.lru_cache(maxsize=None)
-def chunk_function(spec: models.SpacetimeSpec, schedule: Schedule):
-  """jit(vmap over replicas) of `chunk_epochs` epochs (epochs at or past `stop` are no-ops),
-  then the evaluation metrics of the parameters reached (one compile serves both)."""
+def replica_chunk(spec: models.SpacetimeSpec, schedule: Schedule):
+  """(state, graph, start, stop) -> (state, metrics) for one replica: `chunk_epochs` epochs (those
+  at or past `stop` are no-ops, so start/stop are traced and never trigger a recompile), then the
+  evaluation metrics of the parameters reached."""
   model, tx = models.spacetime(spec), optimizer(schedule)
   grad_fn = jax.grad(functools.partial(objective.loss_fn, model), has_aux=True)
 
@@ -82,7 +82,20 @@ def chunk_function(spec: models.SpacetimeSpec, schedule: Schedule):
     return state, {**{f"train/{name}": m[last] for name, m in metrics.items()},
                    **{f"eval/{name}": value for name, value in evaluation.items()}}
 
-  return jax.jit(jax.vmap(one_replica, in_axes=(0, 0, None, None)), donate_argnums=0)
+  return one_replica
+
+
+def vectorize(one_replica, sharding: jax.sharding.Sharding | None = None):
+  """jit(vmap over replicas), the replica state donated and returned with `sharding`."""
+  return jax.jit(jax.vmap(one_replica, in_axes=(0, 0, None, None)), donate_argnums=0,
+                 out_shardings=sharding)
+
+
+@functools.lru_cache(maxsize=None)
+def chunk_function(spec: models.SpacetimeSpec, schedule: Schedule,
+                   sharding: jax.sharding.Sharding | None = None):
+  """The compiled chunk of every replica; cached, so one compile per (spec, shapes)."""
+  return vectorize(replica_chunk(spec, schedule), sharding)
 
 
 @functools.lru_cache(maxsize=None)
@@ -110,7 +123,7 @@ def fit(spec: models.SpacetimeSpec, graphs: objective.GraphArrays, keys: jax.Arr
   compiled = _compiled_schedule(schedule)
   graphs = replicas.place(graphs, mesh)
   keys = replicas.place(keys, mesh)
-  chunk = chunk_function(spec, compiled)
+  chunk = chunk_function(spec, compiled, replicas.replica_sharding(keys.shape[0], mesh))
   run = replicas.run_chunks(
       lambda: init_function(spec, compiled)(keys),
       lambda state, start, stop: chunk(state, graphs, start, stop),

@@ -1,0 +1,109 @@
+"""Full-batch training speed of Neural SpaceTimes, and the distortion reached, vs the official code.
+
+  python benchmarks/neural_spacetimes_speed.py [--epochs 5000] [--no-append]
+
+Reference setting (the issue's): synthetic metric type 1, 50 nodes, p = 0.9 (~1,100 edges), seed
+123, space and time dimension 2, encoder 10 x 100, quasi-metric and partial order of depth 4 and
+width 10, AdamW lr 1e-4 (weight decay 0.01), clipping 0.5, every edge in every step. The official
+PyTorch code on a 2-core CPU takes 5.4 s per 100 epochs (it encodes both endpoints of all 2,500
+node pairs per step) and reaches a mean distortion of 1.093 (std 0.24, max 3.75, directionality
+1.0) after 5,000 epochs.
+
+Prints, and appends to benchmarks/RESULTS.md:
+* seconds per 100 epochs in steady state (one jitted 100-epoch scan, compile excluded), for one
+  graph and per graph when several replicas train together (vmapped), for NST and the baselines;
+* one 5,000-epoch fit end to end (compile included) and the distortion it reaches;
+* the layout that drew the graph (Graphviz dot, as the official code, when installed).
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+import jax  # pylint: disable=g-import-not-at-top
+import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+from benchmarks.common import append_results, machine, time_call  # pylint: disable=g-import-not-at-top
+from jaxlab.core import host  # pylint: disable=g-import-not-at-top
+from jaxlab.core import parallel  # pylint: disable=g-import-not-at-top
+from jaxlab.core import replicas  # pylint: disable=g-import-not-at-top
+from jaxlab.data import dags  # pylint: disable=g-import-not-at-top
+from jaxlab.methods.neural_spacetimes import models  # pylint: disable=g-import-not-at-top
+from jaxlab.methods.neural_spacetimes import objective  # pylint: disable=g-import-not-at-top
+from jaxlab.methods.neural_spacetimes import training  # pylint: disable=g-import-not-at-top
+
+OFFICIAL_S_PER_100 = 5.4
+OFFICIAL_FINAL = {"distortion_mean": 1.093, "distortion_std": 0.24, "distortion_max": 3.75,
+                  "directionality": 1.0}
+SEED = 123
+
+
+def seconds_per_100(spec: models.SpacetimeSpec, graph: dags.WeightedDag, num_replicas: int,
+                    mesh) -> tuple[float, float]:
+  """(steady-state seconds per 100 epochs of all replicas, compile seconds)."""
+  schedule = training.Schedule(epochs=0, chunk_epochs=100, ckpt_every=0)
+  keys = replicas.place(jax.random.split(jax.random.key(SEED), num_replicas), mesh)
+  graphs = replicas.place(objective.graph_arrays([graph] * num_replicas), mesh)
+  chunk = training.chunk_function(spec, schedule,
+                                  replicas.replica_sharding(num_replicas, mesh))
+  state = replicas.place(training.init_function(spec, schedule)(keys), mesh)
+  args = (graphs, jnp.asarray(0), jnp.asarray(100))
+  start = time.perf_counter()
+  compiled = chunk.lower(state, *args).compile()
+  compile_s = time.perf_counter() - start
+  holder = {"state": state}
+
+  def run_chunk():
+    holder["state"], metrics = compiled(holder["state"], *args)
+    return metrics
+
+  return time_call(run_chunk, repeats=5), compile_s
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--epochs", type=int, default=5000)
+  parser.add_argument("--no-append", action="store_true")
+  args = parser.parse_args()
+  host.tune_allocator()
+  mesh = parallel.make_mesh()
+  graph = dags.synthetic_dag("type1", num_nodes=50, p=0.9, seed=SEED)
+  lines = [f"\n## neural_spacetimes full-batch training, {machine()}\n\n",
+           f"Synthetic type 1, {graph.num_nodes} nodes, {graph.num_edges} edges, drawn by "
+           f"`{graph.layout}`; encoder 10 x 100; every edge in every step. Official PyTorch code "
+           f"(2-core CPU): {OFFICIAL_S_PER_100} s per 100 epochs.\n\n",
+           "| model | dim | graphs per call | s / 100 epochs (all graphs) | s / 100 epochs per "
+           "graph | compile s |\n|---|---|---|---|---|---|\n"]
+  for kind in models.MODELS:
+    for num_replicas in (1, 5):
+      spec = models.SpacetimeSpec(kind, 2)
+      seconds, compile_s = seconds_per_100(spec, graph, num_replicas, mesh)
+      lines.append(f"| {kind} | 2 | {num_replicas} | {seconds:.3f} | "
+                   f"{seconds / num_replicas:.3f} | {compile_s:.1f} |\n")
+      print(lines[-1], end="", flush=True)
+
+  spec = models.SpacetimeSpec("nst", 2)
+  schedule = training.Schedule(epochs=args.epochs, chunk_epochs=500, ckpt_every=args.epochs)
+  start = time.perf_counter()
+  fit = training.fit(spec, objective.graph_arrays([graph]), jax.random.split(
+      jax.random.key(SEED), 1), schedule, mesh=parallel.make_mesh(devices=jax.devices()[:1]),
+                     progress=False)
+  wall = time.perf_counter() - start
+  final = {name: float(value[0]) for name, value in fit.metrics.items()}
+  lines.append(f"\nOne NST fit of {args.epochs} epochs end to end (fresh compile in this "
+               f"process, seed {SEED}): {wall:.1f} s. Reached vs official after 5,000 epochs:\n\n"
+               "| metric | jaxlab | official |\n|---|---|---|\n")
+  for name, value in final.items():
+    lines.append(f"| {name} | {value:.3f} | {OFFICIAL_FINAL[name]} |\n")
+  text = "".join(lines)
+  print(text)
+  if not args.no_append:
+    append_results(text)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,55 @@
+"""core.replicas: the chunked outer loop over many replicas (ragged end, checkpoints, resume)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxlab.core import checkpoint
+from jaxlab.core import metrics
+from jaxlab.core import parallel
+from jaxlab.core import replicas
+
+CHUNK = 4
+
+
+def counting_chunk(state, start, stop):
+  """Adds the step index of every active step to each replica's running total."""
+  steps = start + jnp.arange(CHUNK)
+  added = jnp.sum(jnp.where(steps < stop, steps, 0))
+  state = {"total": state["total"] + added * state["scale"], "scale": state["scale"]}
+  return state, {"total": state["total"], "nan_for_first": jnp.where(
+      jnp.arange(state["total"].shape[0]) == 0, jnp.nan, 1.0)}
+
+
+def init():
+  return {"total": jnp.zeros(3), "scale": jnp.arange(1.0, 4.0)}
+
+
+def test_run_chunks_ragged_end_checkpoints_and_resume(tmp_path):
+  mesh = parallel.make_mesh(devices=jax.devices()[:1])
+  chunk = jax.jit(counting_chunk)
+  first = replicas.run_chunks(init, chunk, steps=6, chunk_steps=CHUNK, ckpt_every=CHUNK,
+                              mesh=mesh, workdir=tmp_path, progress=False)
+  np.testing.assert_allclose(first.state["total"], sum(range(6)) * np.arange(1.0, 4.0))
+  assert [h["step"] for h in first.history] == [4, 6]
+  assert checkpoint.Checkpointer(tmp_path / "checkpoints").all_steps() == [4, 6]
+  # The NaN of replica 0 is ignored by the summary mean.
+  assert first.history[-1]["nan_for_first"] == 1.0
+
+  resumed = replicas.run_chunks(init, chunk, steps=11, chunk_steps=CHUNK, ckpt_every=CHUNK,
+                                mesh=mesh, workdir=tmp_path, progress=False)
+  np.testing.assert_allclose(resumed.state["total"], sum(range(11)) * np.arange(1.0, 4.0))
+  assert [h["step"] for h in resumed.history] == [10, 11] and resumed.earlier_s > 0
+  assert [r["step"] for r in metrics.read_jsonl(tmp_path)] == [4, 6, 10, 11]
+
+  done = replicas.run_chunks(init, chunk, steps=11, chunk_steps=CHUNK, ckpt_every=CHUNK,
+                             mesh=mesh, workdir=tmp_path, progress=False)
+  assert done.history == [] and done.last_metrics is None
+  np.testing.assert_allclose(done.state["total"], resumed.state["total"])
+
+
+def test_replica_sharding_splits_only_when_replicas_divide_the_devices():
+  mesh = parallel.make_mesh()
+  assert replicas.replica_sharding(8, mesh) == parallel.data_sharded(mesh)
+  assert replicas.replica_sharding(3, mesh) == parallel.replicated(mesh)
+  placed = replicas.place({"a": np.zeros((16, 2))}, mesh)
+  assert placed["a"].sharding == parallel.data_sharded(mesh)
