@@ -1,0 +1,1 @@
+"""sg_unlearn: adversarial machine unlearning as a Stackelberg game (ICLR 2025)."""
