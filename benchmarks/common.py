@@ -43,6 +43,11 @@ def matmul_peak(dtype, size: int = 2048, repeats: int = 10) -> float:
   return 2 * size**3 / seconds / 1e9
 
 
+def xla_flops(fn, *args) -> float:
+  """FLOPs of one call of `fn` as XLA's cost analysis counts them (a scan body counts once)."""
+  return (jax.jit(fn).lower(*args).compile().cost_analysis() or {}).get("flops", float("nan"))
+
+
 def machine() -> str:
   return (f"{datetime.date.today()}, {platform.machine()}, {os.cpu_count()} cores, "
           f"{jax.devices()[0].platform}, jax {jax.__version__}")

@@ -29,7 +29,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
-from benchmarks.common import append_results, machine, matmul_peak, time_call  # pylint: disable=g-import-not-at-top
+from benchmarks.common import append_results, machine, matmul_peak, time_call, xla_flops  # pylint: disable=g-import-not-at-top
 from jaxlab.core import host  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.flow_mi import estimators  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.flow_mi import fitting  # pylint: disable=g-import-not-at-top
@@ -70,10 +70,6 @@ def bench_training(method: str, data: fitting.FitData) -> dict[str, float]:
   return {"per_1000": seconds, "compile": compile_s, "gflops": flops / seconds / 1e9}
 
 
-def _flops(fn, *args) -> float:
-  return (jax.jit(fn).lower(*args).compile().cost_analysis() or {}).get("flops", float("nan"))
-
-
 def step_flops(trainable: fitting.Trainable, data: fitting.FitData) -> float:
   """FLOPs of one training step as XLA counts them (its cost analysis counts a scan body once,
   so the chunk's own count would miss the 250 iterations)."""
@@ -85,12 +81,12 @@ def step_flops(trainable: fitting.Trainable, data: fitting.FitData) -> float:
     grads, _ = jax.grad(trainable.train_loss, has_aux=True)(params, extra, x, y,
                                                             jax.random.key(1))
     return trainable.optimizer.update(grads, opt_state, params)
-  return _flops(step, params, opt_state, trainable.init_extra())
+  return xla_flops(step, params, opt_state, trainable.init_extra())
 
 
 def eval_flops(trainable: fitting.Trainable, data: fitting.FitData) -> float:
   params = trainable.model.init(jax.random.key(0))
-  return _flops(trainable.test_metrics, params, data.x_test[0], data.y_test[0])
+  return xla_flops(trainable.test_metrics, params, data.x_test[0], data.y_test[0])
 
 
 def bench_estimate(method: str, steps: int) -> tuple[float, float]:
