@@ -158,5 +158,10 @@ def _format(metrics: Mapping[str, Any]) -> str:
   parts = []
   for name, value in metrics.items():
     array = np.asarray(value)
-    parts.append(f"{name}={array.item():.4g}" if array.size == 1 else f"{name}=<{array.shape}>")
+    if array.dtype.kind in "biuf" and array.size == 1:
+      parts.append(f"{name}={array.item():.4g}")
+    elif array.size == 1:
+      parts.append(f"{name}={str(array.item())[:40]}")
+    else:
+      parts.append(f"{name}=<{array.shape}>")
   return " ".join(parts)

@@ -13,6 +13,9 @@ from jaxlab.core import train_loop
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SLUGS = sorted(p.stem for p in (ROOT / "configs").glob("[!_]*.py"))
+# Experiments that train nothing (a benchmark harness) keep no orbax checkpoint: they resume unit
+# by unit (`train.steps` units), logging each finished unit to a metrics.jsonl under this name.
+EVALUATION_ONLY = {"enamel": "eval/efficiency"}
 
 
 def checkpoint_dirs(workdir: pathlib.Path) -> list[pathlib.Path]:
@@ -42,6 +45,9 @@ def test_smoke_train_checkpoint_resume(slug, tmp_path):
   payload = json.loads((tmp_path / "results.json").read_text())
   assert payload["slug"] == slug and payload["preset"] == "smoke"
   assert payload["metrics"] and isinstance(payload["claims"], list)
+  if slug in EVALUATION_ONLY:
+    check_unit_resume(slug, config, tmp_path)
+    return
   dirs = checkpoint_dirs(tmp_path)
   assert dirs, "the smoke run saved no checkpoint"
   for directory in dirs:
@@ -57,3 +63,16 @@ def test_smoke_train_checkpoint_resume(slug, tmp_path):
     logged = [r["step"] for r in metrics.read_jsonl(directory.parent) if "train/loss" in r]
     assert logged == sorted(set(logged)) and logged[-1] == steps + 1, (
         f"{directory.parent.name} retrained instead of resuming: {logged}")
+
+
+def check_unit_resume(slug, config, workdir):
+  name = EVALUATION_ONLY[slug]
+  logs = sorted(workdir.rglob("metrics.jsonl"))
+  assert logs, "the smoke run logged no unit"
+  steps = config.train.steps
+  for log in logs:
+    assert [r["step"] for r in metrics.read_jsonl(log) if name in r] == list(range(1, steps + 1))
+  run_main(slug, config_lib.override(config, {"train.steps": steps + 1}), workdir)
+  for log in logs:
+    logged = [r["step"] for r in metrics.read_jsonl(log) if name in r]
+    assert logged == list(range(1, steps + 2)), f"{log} re-evaluated instead of resuming: {logged}"
