@@ -68,8 +68,9 @@ def main() -> None:
           f"| round trip per call once the worker is up | {per_call * 1e6:.0f} µs |\n"
           f"| full evaluation of `{args.file}` ({len(indices)} problems, references re-timed, "
           f"cached tests) | {wall:.1f} s |\n"
-          f"| calls executed (references + samples, every case and repeat) | {calls} |\n"
-          f"| calls per second over the full evaluation | {calls / wall:.0f} |\n"
+          f"| calls scheduled (references + samples, every case and repeat; a sample stopped by "
+          f"a time-out runs fewer) | {calls} |\n"
+          f"| scheduled calls per second over the full evaluation | {calls / wall:.0f} |\n"
           f"| pass@1 / eff@1 of that run | {summary['pass@1']:.4f} / {summary['eff@1']:.4f} |\n"
           f"\nOfficial evaluator (enam 0.2.0) on a 2-core CPU: about 60 s per sample file once "
           f"the tests exist; target: under 120 s.\n")
