@@ -1,0 +1,157 @@
+"""Ancestral DDPM and DDIM samplers, each one `jax.lax.scan` over the reverse steps.
+
+A denoiser is any function (xt [B, ...], t [B] int32) -> output [B, ...], where the output
+predicts eps, x0 or v (see `schedules`). Each step turns the output into an estimate x0_hat
+(optionally clipped to [-clip_x0, clip_x0]) and steps to a less noisy x:
+
+* `ddpm_sample` (Ho et al. 2020) visits every t = T-1 .. 0 and draws x_{t-1} from the Gaussian
+  posterior q(x_{t-1} | x_t, x0 = x0_hat), with variance beta_tilde_t =
+  beta_t (1 - alpha_bar_{t-1}) / (1 - alpha_bar_t). The last step returns x0_hat, without noise.
+* `ddim_sample` (Song et al. 2021) visits `num_steps` evenly spaced steps (`ddim_timesteps`) and
+  moves from t to the next step t' (alpha_bar' = 1 after the last, i.e. x0) as
+
+      x_t' = sqrt(alpha_bar') x0_hat + sqrt(1 - alpha_bar' - sigma^2) eps_hat + sigma z,
+      sigma = eta sqrt((1 - alpha_bar') / (1 - alpha_bar)) sqrt(1 - alpha_bar / alpha_bar').
+
+  eta = 0 is the deterministic DDIM; eta = 1 with every step taken is DDPM.
+
+Randomness is explicit: `keys` holds one PRNG key per step, and the noise z of a step is
+`jax.random.normal(key, x.shape, x.dtype)`, so a fixed set of keys gives a fixed sample path, as
+methods that optimise through the sampler (or compare samplers) need.
+
+Both samplers are plain traceable functions: call them inside `jax.jit` (with `num_steps`,
+`parameterization`, `clip_x0`, `remat` and `eta` static) and differentiate them with `jax.grad`
+with respect to x_T or whatever the denoiser closes over. Backpropagating through a scan stores
+every step's activations; `remat=True` wraps the scan body in `jax.checkpoint`, so only the carry
+(x) is stored per step and each step's denoiser activations are recomputed in the backward pass.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxlab.diffusion.schedules import Schedule
+from jaxlab.diffusion.schedules import check_parameterization
+from jaxlab.diffusion.schedules import eps_from_x0
+from jaxlab.diffusion.schedules import to_x0_and_eps
+
+# (xt [B, ...], t [B] int32) -> model output [B, ...] (eps, x0 or v, per `parameterization`).
+DenoiseFn = Callable[[jax.Array, jax.Array], jax.Array]
+
+
+def _clip(x0: jax.Array, clip_x0: float | None) -> jax.Array:
+  return x0 if clip_x0 is None else jnp.clip(x0, -clip_x0, clip_x0)
+
+
+def _run_scan(step, x_T: jax.Array, per_step_inputs, remat: bool) -> jax.Array:
+  """Folds `step(x, inputs) -> (x_next, None)` over the leading axis of `per_step_inputs`."""
+  body = jax.checkpoint(step) if remat else step
+  x0, _ = jax.lax.scan(body, x_T, per_step_inputs)
+  return x0
+
+
+def _check_keys(keys, num_steps: int):
+  if keys.shape[0] != num_steps:
+    raise ValueError(f"need one key per step ({num_steps}), got keys of shape {keys.shape}")
+
+
+def ddpm_sample(denoise: DenoiseFn, schedule: Schedule, x_T: jax.Array, keys: jax.Array, *,
+                parameterization: str = "eps", clip_x0: float | None = None,
+                remat: bool = False) -> jax.Array:
+  """Ancestral sampling over t = T-1 .. 0; returns x0 [B, ...] like x_T.
+
+  x_T: [B, ...] starting noise. keys: [T] PRNG keys; the step at t draws its noise from keys[t]
+  (keys[0] goes unused: the step at t = 0 returns x0_hat without noise).
+  """
+  check_parameterization(parameterization)
+  num_steps = schedule.num_steps
+  _check_keys(keys, num_steps)
+  batch = x_T.shape[0]
+
+  alpha_bar = schedule.alphas_cumprod
+  alpha_bar_prev = jnp.concatenate([jnp.ones_like(alpha_bar[:1]), alpha_bar[:-1]])
+  betas = schedule.betas
+  # Posterior q(x_{t-1} | x_t, x0) = N(x0_coef x0 + xt_coef x_t, std^2), for each t [T]. At t = 0
+  # it is the point mass at x0; setting that exactly avoids beta_0 / (1 - alpha_bar_0) != 1 from
+  # float32 rounding of alpha_bar_0 close to 1.
+  is_first = jnp.arange(num_steps) == 0
+  x0_coef = jnp.where(is_first, 1.0, jnp.sqrt(alpha_bar_prev) * betas / (1.0 - alpha_bar))
+  xt_coef = jnp.where(is_first, 0.0,
+                      jnp.sqrt(1.0 - betas) * (1.0 - alpha_bar_prev) / (1.0 - alpha_bar))
+  variance = betas * (1.0 - alpha_bar_prev) / (1.0 - alpha_bar)
+  std = jnp.where(is_first, 0.0, jnp.sqrt(jnp.maximum(variance, 0.0)))
+
+  def step(x, inputs):
+    t, key, x0_c, xt_c, noise_std = inputs
+    t_batch = jnp.full((batch,), t, jnp.int32)
+    x0_hat, _ = to_x0_and_eps(schedule, x, t_batch, denoise(x, t_batch), parameterization)
+    x0_hat = _clip(x0_hat, clip_x0)
+    noise = jax.random.normal(key, x.shape, x.dtype)
+    x_prev = (x0_c.astype(x.dtype) * x0_hat + xt_c.astype(x.dtype) * x
+              + noise_std.astype(x.dtype) * noise)
+    return x_prev.astype(x.dtype), None
+
+  reverse = lambda a: a[::-1]
+  per_step_inputs = (jnp.arange(num_steps - 1, -1, -1, dtype=jnp.int32), reverse(keys),
+                     reverse(x0_coef), reverse(xt_coef), reverse(std))
+  return _run_scan(step, x_T, per_step_inputs, remat)
+
+
+def ddim_timesteps(num_train_steps: int, num_steps: int) -> np.ndarray:
+  """The steps DDIM visits: int32 [num_steps], decreasing from num_train_steps - 1, spacing
+  num_train_steps / num_steps (rounded), the "trailing" spacing of Lin et al. (2024).
+
+  The last visited step is about num_train_steps / num_steps - 1, from which the sampler jumps
+  to x0; num_steps = num_train_steps visits every step.
+  """
+  if not 1 <= num_steps <= num_train_steps:
+    raise ValueError(f"need 1 <= num_steps <= num_train_steps, got {num_steps}, {num_train_steps}")
+  stride = num_train_steps / num_steps
+  steps = np.round(num_train_steps - stride * np.arange(num_steps)) - 1
+  return steps.astype(np.int32)
+
+
+def ddim_sample(denoise: DenoiseFn, schedule: Schedule, x_T: jax.Array, keys: jax.Array | None,
+                *, num_steps: int, eta: float = 0.0, parameterization: str = "eps",
+                clip_x0: float | None = None, remat: bool = False) -> jax.Array:
+  """DDIM over `ddim_timesteps(T, num_steps)`; returns x0 [B, ...] like x_T.
+
+  x_T: [B, ...] starting noise. keys: [num_steps] PRNG keys, keys[i] for the i-th step taken
+  (the one from ddim_timesteps(...)[i]); unused when eta = 0, and then they may be None.
+  eta: static Python float, the noise scale (0: deterministic; 1: DDPM-like posterior noise).
+  With clip_x0, eps_hat is recomputed from the clipped x0_hat so the step stays consistent.
+  """
+  check_parameterization(parameterization)
+  stochastic = eta != 0
+  if stochastic:
+    if keys is None:
+      raise ValueError("ddim_sample with eta != 0 needs keys")
+    _check_keys(keys, num_steps)
+  batch = x_T.shape[0]
+
+  timesteps = ddim_timesteps(schedule.num_steps, num_steps)
+  alpha_bar = schedule.alphas_cumprod[timesteps]
+  alpha_bar_next = jnp.concatenate([alpha_bar[1:], jnp.ones_like(alpha_bar[:1])])
+  sigma = (eta * jnp.sqrt((1.0 - alpha_bar_next) / (1.0 - alpha_bar))
+           * jnp.sqrt(1.0 - alpha_bar / alpha_bar_next))
+  x0_coef = jnp.sqrt(alpha_bar_next)
+  eps_coef = jnp.sqrt(jnp.maximum(1.0 - alpha_bar_next - sigma**2, 0.0))
+
+  def step(x, inputs):
+    t, key, x0_c, eps_c, noise_std = inputs
+    t_batch = jnp.full((batch,), t, jnp.int32)
+    x0_hat, eps_hat = to_x0_and_eps(schedule, x, t_batch, denoise(x, t_batch), parameterization)
+    if clip_x0 is not None:
+      x0_hat = _clip(x0_hat, clip_x0)
+      eps_hat = eps_from_x0(schedule, x, t_batch, x0_hat)
+    x_next = x0_c.astype(x.dtype) * x0_hat + eps_c.astype(x.dtype) * eps_hat
+    if stochastic:
+      x_next = x_next + noise_std.astype(x.dtype) * jax.random.normal(key, x.shape, x.dtype)
+    return x_next.astype(x.dtype), None
+
+  per_step_keys = keys if stochastic else jnp.zeros((num_steps,), jnp.int32)  # placeholders
+  per_step_inputs = (jnp.asarray(timesteps), per_step_keys, x0_coef, eps_coef, sigma)
+  return _run_scan(step, x_T, per_step_inputs, remat)
