@@ -62,7 +62,7 @@ def train_all(config: ml_collections.ConfigDict, workdir: str) -> tuple[dict[str
   earlier = 0.0
   prior_steps = config.train.prior_steps or config.train.steps
   prior = train_loop.run(training.make_experiment(config, steps=prior_steps),
-                         config_lib.override(config, {"train.steps": prior_steps}),
+                         config_lib.with_overrides(config, {"train": {"steps": prior_steps}}),
                          os.path.join(workdir, "prior"), desc="prior")
   earlier += prior.earlier_s
   trained = {}

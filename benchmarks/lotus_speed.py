@@ -1,0 +1,96 @@
+"""Lotus UNet: training steps per second and inference images per second per variant.
+
+  python benchmarks/lotus_speed.py [--preset quick] [--no-append]
+
+Prints, and appends to benchmarks/RESULTS.md:
+* train steps/s of the prior and of each variant's fine-tuning step (batch of the preset), with
+  XLA's FLOP count and the achieved GFLOP/s next to the machine's matmul peak;
+* inference images/s of each variant (multi-step: DDIM with the preset's steps; single-step: one
+  network call);
+* where one fine-tuning step goes (each part jitted alone): UNet forward, loss + gradient, AdamW.
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+import jax  # pylint: disable=g-import-not-at-top
+import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+from benchmarks.common import append_results, machine, matmul_peak, time_call, xla_flops  # pylint: disable=g-import-not-at-top
+from jaxlab.core import config as config_lib  # pylint: disable=g-import-not-at-top
+from jaxlab.core import host  # pylint: disable=g-import-not-at-top
+from jaxlab.methods.lotus import training  # pylint: disable=g-import-not-at-top
+from jaxlab.methods.lotus import variants  # pylint: disable=g-import-not-at-top
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--preset", default="quick")
+  parser.add_argument("--no-append", action="store_true")
+  args = parser.parse_args()
+  host.tune_allocator()
+  config = config_lib.load_config(ROOT / "configs" / "lotus.py", args.preset)
+  size, batch = config.data.size, config.train.batch_size
+  rng = jax.random.key(0)
+  data = {"image": jax.random.uniform(rng, (batch, size, size, 3)) * 2 - 1,
+          "depth_target": jax.random.uniform(rng, (batch, size, size, 3)) * 2 - 1}
+  peak = matmul_peak(jnp.float32)
+  lines = [f"\n## lotus UNet ({args.preset} preset), {machine()}\n\n",
+           f"UNet base {config.model.base_channels} channels, multipliers "
+           f"{tuple(config.model.channel_multipliers)}, {size}x{size}, batch {batch}. Matmul "
+           f"peak (jitted 2048x2048 jnp.dot): {peak:.0f} GFLOP/s float32.\n\n",
+           "| step | steps/s | GFLOP/step | GFLOP/s | % of peak |\n|---|---|---|---|---|\n"]
+  for name in [None, *variants.VARIANTS]:
+    experiment = training.make_experiment(config, variant=name, task="depth")
+    state = experiment.init(rng)
+    update = jax.jit(experiment.update)
+    seconds = time_call(lambda: update(state, data, rng)[1]["loss"], repeats=5)
+    flops = xla_flops(experiment.update, state, data, rng)
+    lines.append(f"| {name or 'prior'} | {1 / seconds:.1f} | {flops / 1e9:.2f} | "
+                 f"{flops / seconds / 1e9:.1f} | {100 * flops / seconds / 1e9 / peak:.1f}% |\n")
+    print(lines[-1], end="", flush=True)
+
+  lines.append("\n| variant | inference images/s | network calls per image |\n|---|---|---|\n")
+  params = training.make_model(config).init(rng)
+  images = jnp.tile(data["image"], (max(1, config.eval.batch_size // batch), 1, 1, 1))
+  for name, variant in variants.VARIANTS.items():
+    predict = training.predictor(config, name)
+    seconds = time_call(predict, params, images, rng, repeats=3)
+    calls = 1 if variant.single_step else config.diffusion.sample_steps
+    lines.append(f"| {name} | {images.shape[0] / seconds:.0f} | {calls} |\n")
+    print(lines[-1], end="", flush=True)
+
+  model = training.make_model(config)
+  schedule = training.make_schedule(config)
+  optimizer = training.make_optimizer(config.optim.lr, config.train.steps)
+  opt_state = optimizer.init(params)
+  x = jnp.concatenate([data["image"], data["depth_target"]], -1)
+  t = jnp.full((batch,), schedule.num_steps - 1)
+  labels = jnp.zeros((batch,), jnp.int32)
+
+  def loss(p):
+    return training.finetune_loss(model.module(p), schedule, variants.VARIANTS["lotus_g"],
+                                  "depth_target", data, rng)[0]
+  grads = jax.grad(loss)(params)
+  parts = [("UNet forward", jax.jit(lambda p: model.apply(p, x, t, labels)), (params,)),
+           ("loss + gradient", jax.jit(jax.grad(loss)), (params,)),
+           ("AdamW update", jax.jit(lambda g, s, p: optimizer.update(g, s, p)),
+            (grads, opt_state, params))]
+  lines.append("\nWhere one Lotus-G fine-tuning step goes (each part jitted alone):\n\n"
+               "| part | ms |\n|---|---|\n")
+  for name, fn, fn_args in parts:
+    lines.append(f"| {name} | {1e3 * time_call(fn, *fn_args, repeats=5):.1f} |\n")
+  text = "".join(lines)
+  print(text)
+  if not args.no_append:
+    append_results(text)
+
+
+if __name__ == "__main__":
+  main()
