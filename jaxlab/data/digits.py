@@ -75,13 +75,8 @@ class Digits(tfds.core.GeneratorBasedBuilder):
 
 def load(config: DigitsConfig | None = None, data_dir: str | None = None
          ) -> tfds.core.DatasetBuilder:
-  config = config or digits_config()
-  # TFDS refuses a config object that shares its name with a built-in one; pass the name then.
-  builtin = {c.name: c for c in Digits.BUILDER_CONFIGS}
-  chosen = config.name if builtin.get(config.name) == config else config
-  builder = Digits(config=chosen, data_dir=data_dir or pipeline.default_data_dir(),
-                   file_format="array_record")
-  return pipeline.prepare(builder)
+  """Builds (once, cached under data_dir) and returns the prepared builder for a config."""
+  return pipeline.build(Digits, config or digits_config(), data_dir)
 
 
 def load_arrays(split: str, config: DigitsConfig | None = None, data_dir: str | None = None

@@ -110,6 +110,4 @@ def load(builder_config: tfds.core.BuilderConfig, data_dir: str | None = None
   """Builds (once, cached under data_dir) and returns the prepared builder for a config."""
   builder_cls = (LeastSquaresProblems if isinstance(builder_config, LeastSquaresConfig)
                  else GaussianSequences)
-  builder = builder_cls(config=builder_config, data_dir=data_dir or pipeline.default_data_dir(),
-                        file_format="array_record")
-  return pipeline.prepare(builder)
+  return pipeline.build(builder_cls, builder_config, data_dir)

@@ -77,9 +77,7 @@ class MITaskSamples(sampled.SampledBuilder):
 
 def load(builder_config: MITaskConfig, data_dir: str | None = None) -> tfds.core.DatasetBuilder:
   """Builds (once, cached under data_dir) and returns the prepared builder for a config."""
-  builder = MITaskSamples(config=builder_config, data_dir=data_dir or pipeline.default_data_dir(),
-                          file_format="array_record")
-  return pipeline.prepare(builder)
+  return pipeline.build(MITaskSamples, builder_config, data_dir)
 
 
 def load_arrays(task: MITask, num_train: int, num_test: int, seed: int = 0,

@@ -40,6 +40,16 @@ def _file_lock(path: pathlib.Path):
       fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def build(builder_cls: type[tfds.core.GeneratorBasedBuilder], config: tfds.core.BuilderConfig,
+          data_dir: str | None = None) -> tfds.core.DatasetBuilder:
+  """The prepared (generated once, cached under `data_dir`) array_record builder of a config."""
+  # TFDS refuses a config object that shares its name with a built-in one; pass the name then.
+  builtin = {c.name: c for c in (builder_cls.BUILDER_CONFIGS or [])}
+  chosen = config.name if builtin.get(config.name) == config else config
+  return prepare(builder_cls(config=chosen, data_dir=data_dir or default_data_dir(),
+                             file_format="array_record"))
+
+
 def prepare(builder: tfds.core.DatasetBuilder) -> tfds.core.DatasetBuilder:
   """Generates the dataset once (under a file lock, so parallel workers don't race)."""
   lock = pathlib.Path(builder.data_dir).parents[1] / f".{builder.builder_config.name}.lock"

@@ -509,13 +509,7 @@ class Scenes(tfds.core.GeneratorBasedBuilder):
 def load(config: ScenesConfig | None = None, data_dir: str | None = None
          ) -> tfds.core.DatasetBuilder:
   """Builds (once, cached under data_dir) and returns the prepared builder for a config."""
-  config = config or scenes_config()
-  # TFDS refuses a config object that shares its name with a built-in one; pass the name then.
-  builtin = {c.name: c for c in Scenes.BUILDER_CONFIGS}
-  chosen = config.name if builtin.get(config.name) == config else config
-  builder = Scenes(config=chosen, data_dir=data_dir or pipeline.default_data_dir(),
-                   file_format="array_record")
-  return pipeline.prepare(builder)
+  return pipeline.build(Scenes, config or scenes_config(), data_dir)
 
 
 def load_arrays(split: str, config: ScenesConfig | None = None, data_dir: str | None = None
