@@ -56,3 +56,11 @@ def machine() -> str:
 def append_results(text: str) -> None:
   with open(RESULTS, "a", encoding="utf-8") as f:
     f.write(text)
+
+
+def publish(lines: list[str], append: bool) -> None:
+  """Prints a benchmark's markdown section and, unless told not to, appends it to RESULTS.md."""
+  text = "".join(lines)
+  print(text)
+  if append:
+    append_results(text)

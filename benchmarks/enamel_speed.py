@@ -19,7 +19,7 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import append_results, machine  # pylint: disable=g-import-not-at-top
+from benchmarks.common import publish, machine  # pylint: disable=g-import-not-at-top
 from jaxlab.core import config as config_lib  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.enamel import problems  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.enamel import reproduction  # pylint: disable=g-import-not-at-top
@@ -74,9 +74,7 @@ def main() -> None:
           f"| pass@1 / eff@1 of that run | {summary['pass@1']:.4f} / {summary['eff@1']:.4f} |\n"
           f"\nOfficial evaluator (enam 0.2.0) on a 2-core CPU: about 60 s per sample file once "
           f"the tests exist; target: under 120 s.\n")
-  print(text)
-  if not args.no_append:
-    append_results(text)
+  publish([text], append=not args.no_append)
 
 
 if __name__ == "__main__":

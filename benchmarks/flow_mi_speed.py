@@ -29,7 +29,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
-from benchmarks.common import append_results, machine, matmul_peak, time_call, xla_flops  # pylint: disable=g-import-not-at-top
+from benchmarks.common import publish, machine, matmul_peak, time_call, xla_flops  # pylint: disable=g-import-not-at-top
 from jaxlab.core import host  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.flow_mi import estimators  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.flow_mi import fitting  # pylint: disable=g-import-not-at-top
@@ -174,9 +174,7 @@ def main() -> None:
           "\nWhere one JVF training step goes (each part jitted alone, batch 256):\n\n"
           "| part | ms |\n|---|---|\n" +
           "".join(f"| {name} | {ms:.2f} |\n" for name, ms in profile))
-  print(text)
-  if not args.no_append:
-    append_results(text)
+  publish([text], append=not args.no_append)
 
 
 if __name__ == "__main__":

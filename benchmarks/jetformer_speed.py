@@ -18,7 +18,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
-from benchmarks.common import append_results, machine, matmul_peak, seconds_per_update, time_call  # pylint: disable=g-import-not-at-top
+from benchmarks.common import publish, machine, matmul_peak, seconds_per_update, time_call  # pylint: disable=g-import-not-at-top
 from jaxlab.core import config as config_lib  # pylint: disable=g-import-not-at-top
 from jaxlab.core import host  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.jetformer import reproduction  # pylint: disable=g-import-not-at-top
@@ -102,9 +102,7 @@ def main() -> None:
           "| variant | steps/s | compile s | GFLOP/s | % of matmul peak |\n|---|---|---|---|---|\n"
           + "".join(rows) + "\nWhere one JetFormer step goes (each part jitted alone):\n\n"
           "| part | ms |\n|---|---|\n" + "".join(f"| {n} | {ms:.1f} |\n" for n, ms in parts))
-  print(text)
-  if not args.no_append:
-    append_results(text)
+  publish([text], append=not args.no_append)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
-from benchmarks.common import append_results, machine, matmul_peak, time_call, xla_flops  # pylint: disable=g-import-not-at-top
+from benchmarks.common import publish, machine, matmul_peak, time_call, xla_flops  # pylint: disable=g-import-not-at-top
 from jaxlab.core import config as config_lib  # pylint: disable=g-import-not-at-top
 from jaxlab.core import host  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.lotus import training  # pylint: disable=g-import-not-at-top
@@ -86,10 +86,7 @@ def main() -> None:
                "| part | ms |\n|---|---|\n")
   for name, fn, fn_args in parts:
     lines.append(f"| {name} | {1e3 * time_call(fn, *fn_args, repeats=5):.1f} |\n")
-  text = "".join(lines)
-  print(text)
-  if not args.no_append:
-    append_results(text)
+  publish(lines, append=not args.no_append)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
-from benchmarks.common import append_results, machine, time_call  # pylint: disable=g-import-not-at-top
+from benchmarks.common import publish, machine, time_call  # pylint: disable=g-import-not-at-top
 from jaxlab.core import host  # pylint: disable=g-import-not-at-top
 from jaxlab.core import parallel  # pylint: disable=g-import-not-at-top
 from jaxlab.core import replicas  # pylint: disable=g-import-not-at-top
@@ -99,10 +99,7 @@ def main() -> None:
                "| metric | jaxlab | official |\n|---|---|---|\n")
   for name, value in final.items():
     lines.append(f"| {name} | {value:.3f} | {OFFICIAL_FINAL[name]} |\n")
-  text = "".join(lines)
-  print(text)
-  if not args.no_append:
-    append_results(text)
+  publish(lines, append=not args.no_append)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 import numpy as np  # pylint: disable=g-import-not-at-top
 
-from benchmarks.common import append_results, machine, matmul_peak, time_call, xla_flops  # pylint: disable=g-import-not-at-top
+from benchmarks.common import publish, machine, matmul_peak, time_call, xla_flops  # pylint: disable=g-import-not-at-top
 from jaxlab.core import config as config_lib  # pylint: disable=g-import-not-at-top
 from jaxlab.core import host  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.sg_unlearn import auditor  # pylint: disable=g-import-not-at-top
@@ -101,10 +101,7 @@ def main() -> None:
                "| part | ms |\n|---|---|\n")
   for name, ms in profile(model, sg, replicas(config, splits, 1, [1.0])):
     lines.append(f"| {name} | {ms:.2f} |\n")
-  text = "".join(lines)
-  print(text)
-  if not args.no_append:
-    append_results(text)
+  publish(lines, append=not args.no_append)
 
 
 def one_replica(tree):
