@@ -60,20 +60,24 @@ def _check_keys(keys, num_steps: int):
 
 def ddpm_sample(denoise: DenoiseFn, schedule: Schedule, x_T: jax.Array, keys: jax.Array, *,
                 parameterization: str = "eps", clip_x0: float | None = None,
-                remat: bool = False) -> jax.Array:
-  """Ancestral sampling over t = T-1 .. 0; returns x0 [B, ...] like x_T.
+                remat: bool = False, start_step: int | None = None) -> jax.Array:
+  """Ancestral sampling over t = start .. 0 (start = T-1 by default); returns x0 [B, ...].
 
-  x_T: [B, ...] starting noise. keys: [T] PRNG keys; the step at t draws its noise from keys[t]
-  (keys[0] goes unused: the step at t = 0 returns x0_hat without noise).
+  x_T: [B, ...] the sample at step `start` (pure noise when start = T-1; a diffused input for
+  SDEdit-style editing or purification). keys: [start + 1] PRNG keys; the step at t draws its
+  noise from keys[t] (keys[0] goes unused: the step at t = 0 returns x0_hat without noise).
   """
   check_parameterization(parameterization)
-  num_steps = schedule.num_steps
+  start = schedule.num_steps - 1 if start_step is None else int(start_step)
+  if not 0 <= start < schedule.num_steps:
+    raise ValueError(f"start_step must be in [0, {schedule.num_steps}), got {start_step}")
+  num_steps = start + 1
   _check_keys(keys, num_steps)
   batch = x_T.shape[0]
 
-  alpha_bar = schedule.alphas_cumprod
+  alpha_bar = schedule.alphas_cumprod[:num_steps]
   alpha_bar_prev = jnp.concatenate([jnp.ones_like(alpha_bar[:1]), alpha_bar[:-1]])
-  betas = schedule.betas
+  betas = schedule.betas[:num_steps]
   # Posterior q(x_{t-1} | x_t, x0) = N(x0_coef x0 + xt_coef x_t, std^2), for each t [T]. At t = 0
   # it is the point mass at x0; setting that exactly avoids beta_0 / (1 - alpha_bar_0) != 1 from
   # float32 rounding of alpha_bar_0 close to 1.

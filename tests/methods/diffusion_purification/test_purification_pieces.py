@@ -1,0 +1,78 @@
+"""diffusion_purification building blocks: RBGM, deterministic DW-box purification, gradients
+through the sampler, PGD."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxlab.diffusion import schedules
+from jaxlab.methods.diffusion_purification import attacks
+from jaxlab.methods.diffusion_purification import purification
+from jaxlab.methods.diffusion_purification import rbgm
+
+
+def test_rbgm_is_a_permutation_of_a_gaussian_sample_in_the_guidance_order():
+  guidance = jax.random.normal(jax.random.key(0), (3, 4, 5, 2))
+  key = jax.random.key(1)
+  delta = rbgm.rank_gaussian_map(guidance, key)
+  gaussian = np.sort(np.asarray(jax.random.normal(key, (3, 2, 20))), axis=-1)
+  for b in range(3):
+    for c in range(2):
+      g, d = np.asarray(guidance[b, ..., c]).ravel(), np.asarray(delta[b, ..., c]).ravel()
+      np.testing.assert_allclose(np.sort(d), gaussian[b, c], rtol=1e-6)   # same values
+      np.testing.assert_array_equal(np.argsort(g), np.argsort(d))         # same order
+
+
+def tiny_denoiser(weight):
+  return lambda xt, t: weight * xt
+
+
+def test_dw_box_purification_is_deterministic_given_its_keys():
+  schedule = schedules.cosine_schedule(50)
+  x = jax.random.uniform(jax.random.key(0), (4, 3, 3, 1)) * 2 - 1
+  keys = jax.random.split(jax.random.key(1), purification.num_keys(10))
+  first = purification.purify(tiny_denoiser(0.3), schedule, x, 10, keys)
+  second = purification.purify(tiny_denoiser(0.3), schedule, x, 10, keys)
+  other = purification.purify(tiny_denoiser(0.3), schedule, x, 10,
+                              jax.random.split(jax.random.key(2), purification.num_keys(10)))
+  np.testing.assert_array_equal(first, second)
+  assert not np.allclose(first, other)
+
+
+def test_gradient_through_the_purifier_matches_finite_differences():
+  with jax.enable_x64(True):
+    schedule = schedules.cosine_schedule(30)
+    schedule = schedules.Schedule(*(a.astype(jnp.float64) for a in schedule))
+    x = jax.random.uniform(jax.random.key(0), (2, 2, 2, 1), jnp.float64) * 1.6 - 0.8
+    keys = jax.random.split(jax.random.key(1), purification.num_keys(6))
+
+    def objective(x, weight):
+      out = purification.purify(tiny_denoiser(weight), schedule, x, 6, keys, clip_x0=None)
+      return jnp.sum(jnp.sin(3 * out))
+
+    grad_x, grad_w = jax.grad(objective, argnums=(0, 1))(x, 0.4)
+    eps = 1e-6
+    bump = jnp.zeros_like(x).at[1, 0, 1, 0].set(eps)
+    fd_x = (objective(x + bump, 0.4) - objective(x - bump, 0.4)) / (2 * eps)
+    fd_w = (objective(x, 0.4 + eps) - objective(x, 0.4 - eps)) / (2 * eps)
+    np.testing.assert_allclose(grad_x[1, 0, 1, 0], fd_x, rtol=1e-6)
+    np.testing.assert_allclose(grad_w, fd_w, rtol=1e-6)
+
+
+def test_pgd_raises_the_loss_inside_the_ball_and_dw_box_keys_are_fixed():
+  weights = jnp.asarray(np.random.default_rng(0).normal(size=(16, 3)), jnp.float32)
+  labels = jnp.array([0, 1, 2, 0])
+  x = jax.random.uniform(jax.random.key(0), (4, 4, 4, 1)) * 2 - 1
+
+  def loss(x_in, key):
+    noisy = x_in + 0.05 * jax.random.normal(key, x_in.shape)
+    logits = noisy.reshape(4, -1) @ weights
+    return -jnp.sum(jax.nn.log_softmax(logits)[jnp.arange(4), labels])
+
+  keys = attacks.stochastic_keys(jax.random.key(1), 10, 3)
+  x_adv = attacks.pgd_linf(loss, x, keys, epsilon=0.1, step_size=0.03)
+  assert float(jnp.max(jnp.abs(x_adv - x))) <= 0.1 + 1e-6
+  assert float(loss(x_adv, jax.random.key(5))) > float(loss(x, jax.random.key(5)))
+  fixed = attacks.fixed_keys(jax.random.key(2), 10)
+  assert fixed.shape == (10, 1)
+  assert all(np.array_equal(jax.random.key_data(fixed[i, 0]),
+                            jax.random.key_data(fixed[0, 0])) for i in range(10))
