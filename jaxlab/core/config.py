@@ -154,6 +154,25 @@ def data_axis_size(c: ml_collections.ConfigDict, device_count: int) -> int:
   return size
 
 
+def select_names(c: ml_collections.ConfigDict, key: str, known: Iterable[str], *,
+                 allow_empty: bool = False) -> list[str]:
+  """`c.<key>` is "all" or a comma-separated subset of `known` (or "" when `allow_empty`):
+  the selected names, with a ConfigError naming the key and the choices otherwise."""
+  known = tuple(known)
+  value = get(c, key)
+  if value == "all":
+    return list(known)
+  chosen = [name.strip() for name in value.split(",") if name.strip()]
+  for name in chosen:
+    if name not in known:
+      raise ConfigError(f"config key {key!r} names {name!r}; choose 'all' or a comma-separated "
+                        f"subset of {', '.join(known)}")
+  if not chosen and not allow_empty:
+    raise ConfigError(f"config key {key!r} selects nothing; choose 'all' or a comma-separated "
+                      f"subset of {', '.join(known)}")
+  return chosen
+
+
 def require_choice(c: ml_collections.ConfigDict, key: str, choices: Iterable[Any]) -> Any:
   """Returns `c.<key>` if it is one of `choices`, else raises a ConfigError naming both."""
   choices = tuple(choices)

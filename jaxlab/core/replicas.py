@@ -41,6 +41,21 @@ def summarize_replicas(metrics: Mapping[str, np.ndarray]) -> dict[str, float]:
   return {name: mean_ignoring_nan(value) for name, value in metrics.items()}
 
 
+def scan_chunk(step: Callable[[PyTree, jax.Array], tuple[PyTree, Any]], state: PyTree,
+               start: jax.Array, stop: jax.Array, length: int) -> tuple[PyTree, Any]:
+  """`step(state, index)` for index = start .. start + length - 1 in one `lax.scan`; steps at or
+  past `stop` leave the state as it is, so a ragged last chunk reuses the compiled function.
+  Returns the state and the metrics of the last step that ran."""
+  def body(state, index):
+    new_state, metrics = step(state, index)
+    active = index < stop
+    return jax.tree.map(lambda new, old: jnp.where(active, new, old), new_state, state), metrics
+
+  state, metrics = jax.lax.scan(body, state, start + jnp.arange(length))
+  last = jnp.clip(stop - start - 1, 0, length - 1)
+  return state, jax.tree.map(lambda m: m[last], metrics)
+
+
 def replica_sharding(num_replicas: int, mesh: jax.sharding.Mesh) -> jax.sharding.NamedSharding:
   """Replicas split over the data axis when they divide it, else replicated (each replica's
   step is independent, so either placement gives the same result)."""

@@ -81,3 +81,16 @@ def test_method_specific_choice_is_named():
 def test_get_missing_key_default():
   c = ml_collections.ConfigDict({"a": {"b": 1}})
   assert config_lib.get(c, "a.b") == 1 and config_lib.get(c, "a.c", None) is None
+
+
+def test_select_names():
+  c = ml_collections.ConfigDict({"data": {"tasks": "b, a", "none": "", "every": "all",
+                                          "typo": "a,z"}})
+  known = ("a", "b", "c")
+  assert config_lib.select_names(c, "data.tasks", known) == ["b", "a"]
+  assert config_lib.select_names(c, "data.every", known) == ["a", "b", "c"]
+  assert config_lib.select_names(c, "data.none", known, allow_empty=True) == []
+  with pytest.raises(config_lib.ConfigError, match="selects nothing"):
+    config_lib.select_names(c, "data.none", known)
+  with pytest.raises(config_lib.ConfigError, match="'data.typo' names 'z'"):
+    config_lib.select_names(c, "data.typo", known)

@@ -35,25 +35,12 @@ def options_from_config(config: ml_collections.ConfigDict) -> estimators.Options
       train_fraction=config.data.train_fraction)
 
 
-def _selection(config: ml_collections.ConfigDict, key: str, known: tuple[str, ...]) -> list[str]:
-  value = config_lib.get(config, key)
-  if value == "all":
-    return list(known)
-  chosen = [name.strip() for name in value.split(",") if name.strip()]
-  for name in chosen:
-    if name not in known:
-      raise config_lib.ConfigError(
-          f"config key {key!r} names {name!r}; choose 'all' or a comma-separated subset of "
-          f"{', '.join(known)}")
-  return chosen
-
-
 def selected_tasks(config: ml_collections.ConfigDict) -> list[str]:
-  return _selection(config, "data.tasks", tuple(tasks_lib.TASKS))
+  return config_lib.select_names(config, "data.tasks", tasks_lib.TASKS)
 
 
 def selected_estimators(config: ml_collections.ConfigDict) -> list[str]:
-  return _selection(config, "data.estimators", estimators.ALL_METHODS)
+  return config_lib.select_names(config, "data.estimators", estimators.ALL_METHODS)
 
 
 def validate(config: ml_collections.ConfigDict) -> None:

@@ -28,24 +28,12 @@ ACCURACY_TOLERANCE = 0.05
 MIN_SPEEDUP = 5.0
 
 
-def _names(config, key: str, known) -> list[str]:
-  value = config_lib.get(config, key)
-  if value == "all":
-    return list(known)
-  chosen = [s.strip() for s in value.split(",") if s.strip()]
-  for name in chosen:
-    if name not in known:
-      raise config_lib.ConfigError(f"config key {key!r} names {name!r}; choose 'all' or a "
-                                   f"comma-separated subset of {', '.join(known)}")
-  return chosen
-
-
 def selected_variants(config) -> list[str]:
-  return _names(config, "variants", tuple(variants_lib.VARIANTS))
+  return config_lib.select_names(config, "variants", variants_lib.VARIANTS)
 
 
 def selected_tasks(config) -> list[str]:
-  return _names(config, "tasks", training.TASKS)
+  return config_lib.select_names(config, "tasks", training.TASKS)
 
 
 def validate(config: ml_collections.ConfigDict) -> None:

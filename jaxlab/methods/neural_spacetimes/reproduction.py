@@ -32,36 +32,23 @@ PAPER_TYPE1_DIM2 = {"nst": (1.13, 0.37), "minkowski": (2.86, 5.22)}
 DIRECTIONALITY_SLACK = 0.05
 
 
-def _names(config: ml_collections.ConfigDict, key: str, known: tuple[str, ...]) -> list[str]:
-  value = config_lib.get(config, key)
-  if value in ("all", ""):
-    return list(known) if value == "all" else []
-  chosen = [name.strip() for name in value.split(",") if name.strip()]
-  for name in chosen:
-    if name not in known:
-      raise config_lib.ConfigError(
-          f"config key {key!r} names {name!r}; choose 'all', '' or a comma-separated subset of "
-          f"{', '.join(known)}")
-  return chosen
-
-
 def metric_types(config) -> list[str]:
-  return _names(config, "data.metric_types", dags.METRIC_TYPES)
+  return config_lib.select_names(config, "data.metric_types", dags.METRIC_TYPES,
+                                 allow_empty=True)
 
 
 def networks(config) -> list[str]:
-  return _names(config, "data.dream5_networks", tuple(dags.DREAM5_NETWORKS))
+  return config_lib.select_names(config, "data.dream5_networks", dags.DREAM5_NETWORKS,
+                                 allow_empty=True)
 
 
 def model_names(config) -> list[str]:
-  return _names(config, "model.models", models.MODELS)
+  return config_lib.select_names(config, "model.models", models.MODELS)
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
   """Checks what only this method knows, before anything compiles."""
-  metric_types(config), networks(config)
-  if not model_names(config):
-    raise config_lib.ConfigError("config key 'model.models' selects no model")
+  metric_types(config), networks(config), model_names(config)
   if not config.model.dims or any(d < 1 for d in config.model.dims):
     raise config_lib.ConfigError(f"config key 'model.dims' must list dimensions >= 1, got "
                                  f"{tuple(config.model.dims)}")

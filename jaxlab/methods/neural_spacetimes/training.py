@@ -67,19 +67,15 @@ def replica_chunk(spec: models.SpacetimeSpec, schedule: Schedule):
 
   def one_replica(state, graph, start, stop):
     def epoch(state, index):
+      del index
       grads, metrics = grad_fn(state["params"], graph)
       updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-      stepped = {"params": optax.apply_updates(state["params"], updates),
-                 "opt_state": opt_state}
-      active = index < stop
-      state = jax.tree.map(lambda new, old: jnp.where(active, new, old), stepped, state)
-      return state, metrics
+      return {"params": optax.apply_updates(state["params"], updates),
+              "opt_state": opt_state}, metrics
 
-    indices = start + jnp.arange(schedule.chunk_epochs)
-    state, metrics = jax.lax.scan(epoch, state, indices)
-    last = jnp.clip(stop - start - 1, 0, schedule.chunk_epochs - 1)
+    state, metrics = replicas.scan_chunk(epoch, state, start, stop, schedule.chunk_epochs)
     evaluation = objective.evaluate(model, state["params"], graph)
-    return state, {**{f"train/{name}": m[last] for name, m in metrics.items()},
+    return state, {**{f"train/{name}": m for name, m in metrics.items()},
                    **{f"eval/{name}": value for name, value in evaluation.items()}}
 
   return one_replica

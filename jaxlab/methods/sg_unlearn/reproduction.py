@@ -35,14 +35,7 @@ def alpha_name(alpha: float) -> str:
 
 
 def settings(config: ml_collections.ConfigDict) -> list[str]:
-  chosen = [s.strip() for s in config.data.settings.split(",") if s.strip()]
-  for setting in chosen:
-    if setting not in data_lib.SETTINGS:
-      raise config_lib.ConfigError(
-          f"config key 'data.settings' names {setting!r}; choose from {data_lib.SETTINGS}")
-  if not chosen:
-    raise config_lib.ConfigError("config key 'data.settings' selects no setting")
-  return chosen
+  return config_lib.select_names(config, "data.settings", data_lib.SETTINGS)
 
 
 def validate(config: ml_collections.ConfigDict) -> None:

@@ -184,16 +184,8 @@ def replica_chunk(model: functional.Functional, recipe: Recipe):
     return state, metrics
 
   def chunk(state, inputs, x_train, start, stop):
-    def body(state, epoch):
-      new_state, metrics = one_epoch(state, epoch, inputs, x_train)
-      active = epoch < stop
-      state = jax.tree.map(lambda new, old: jnp.where(active, new, old), new_state, state)
-      return state, metrics
-
-    epochs = start + jnp.arange(recipe.chunk_epochs)
-    state, metrics = jax.lax.scan(body, state, epochs)
-    last = jnp.clip(stop - start - 1, 0, recipe.chunk_epochs - 1)
-    return state, jax.tree.map(lambda m: m[last], metrics)
+    return replicas.scan_chunk(lambda state, epoch: one_epoch(state, epoch, inputs, x_train),
+                               state, start, stop, recipe.chunk_epochs)
 
   return chunk
 
