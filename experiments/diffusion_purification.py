@@ -1,0 +1,37 @@
+"""diffusion_purification reproduction: classifier, DDPM, three fine-tunings, attacks, claims.
+
+  python -m experiments.diffusion_purification --config=configs/diffusion_purification.py:quick
+
+Trainings resume from `<workdir>/{classifier,pretrain,finetune/<model>}/`. Writes
+`<workdir>/results.json` (and, for the quick preset, `results/diffusion_purification.json`) and a
+figure of the accuracies with example adversarial and purified digits.
+"""
+from __future__ import annotations
+
+import time
+
+import ml_collections
+
+from jaxlab.core import cli
+from jaxlab.core import results
+from jaxlab.methods.diffusion_purification import reproduction
+
+SLUG = "diffusion_purification"
+
+
+def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  start = time.perf_counter()
+  reproduction.validate(config)
+  classifier_params, denoisers, earlier_s = reproduction.train_all(config, workdir)
+  summary = reproduction.evaluate(config, classifier_params, denoisers)
+  claims, headline = reproduction.claims(summary)
+  shown = denoisers.get("addt", next(iter(denoisers.values())))
+  figure = reproduction.plot(summary, reproduction.examples(config, classifier_params, shown))
+  results.save_figure(figure, workdir, "robustness.png", SLUG, config)
+  return results.write_results(
+      workdir, slug=SLUG, config=config, metrics=summary, claims=claims,
+      headline_metric=headline, wall_s=time.perf_counter() - start + earlier_s)
+
+
+if __name__ == "__main__":
+  cli.run(main)

@@ -1,0 +1,143 @@
+"""Clean and robust accuracy of a purifier + classifier under the two attack protocols.
+
+The defended classifier is `logits(x, key) = classifier(purify(x, keys = split(key, t* + 2)))`.
+For one batch, `evaluate_batch` runs, inside one jit:
+
+* clean accuracy: the clean images, purified with `num_draws` fresh keys (accuracy averaged);
+* stochastic white-box: PGD (L-inf) with EOT, a fresh purification for every EOT draw of every
+  step (`attacks.stochastic_keys`), then the adversarial images are purified with `num_draws`
+  fresh keys the attack never saw;
+* DW-box: one key drawn for the batch fixes the forward noise and every reverse noise; PGD with
+  EOT = 1 attacks that fixed function (`attacks.fixed_keys`) and the evaluation purifies with the
+  same key, so it scores exactly the function that was attacked.
+
+`undefended_batch` is the reference without purification: the classifier alone under PGD.
+Every model is evaluated with the same keys per batch, so the comparisons are paired.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from jaxlab.diffusion import schedules
+from jaxlab.methods.diffusion_purification import attacks
+from jaxlab.methods.diffusion_purification import models
+from jaxlab.methods.diffusion_purification import purification
+
+PROTOCOLS = ("clean_acc", "robust_acc_eot", "robust_acc_dwbox")
+
+
+def defended_logits(config: ml_collections.ConfigDict):
+  """(classifier params, denoiser params, x [B, 8, 8, 1], key) -> logits [B, 10]."""
+  _, classify = models.classifier(config)
+  _, denoise = models.denoiser(config)
+  schedule = models.make_schedule(config)
+  t_star = config.diffusion.t_star
+
+  def logits(classifier_params, denoiser_params, x, key):
+    keys = jax.random.split(key, purification.num_keys(t_star))
+    purified = purification.purify(lambda x_t, t: denoise(denoiser_params, x_t, t), schedule, x,
+                                   t_star, keys, remat=True)
+    return classify(classifier_params, purified)
+  return logits
+
+
+def _pgd(config, loss, x, keys):
+  return attacks.pgd_linf(loss, x, keys, epsilon=config.attack.epsilon,
+                          step_size=config.attack.step_size)
+
+
+def evaluator(config: ml_collections.ConfigDict):
+  """jit((classifier params, denoiser params, x [B, ...], y [B], key) -> {protocol: correct [B]}),
+  per-example accuracies (fractions of the draws for the stochastic protocols)."""
+  logits = defended_logits(config)
+  a = config.attack
+
+  def evaluate_batch(classifier_params, denoiser_params, x, y, key):
+    clean_key, eot_attack_key, eot_eval_key, dwbox_key = jax.random.split(key, 4)
+
+    def correct(x_in, k):
+      return (jnp.argmax(logits(classifier_params, denoiser_params, x_in, k), -1) == y
+              ).astype(jnp.float32)
+
+    def fresh_draws(x_in, k):
+      draws = jax.random.split(k, config.eval.num_draws)
+      return jnp.mean(jax.vmap(lambda d: correct(x_in, d))(draws), axis=0)
+
+    def loss(x_in, k):
+      return jnp.sum(models.cross_entropy(logits(classifier_params, denoiser_params, x_in, k), y))
+
+    x_eot = _pgd(config, loss, x, attacks.stochastic_keys(eot_attack_key, a.steps, a.eot))
+    x_dwbox = _pgd(config, loss, x, attacks.fixed_keys(dwbox_key, a.steps))
+    return {"clean_acc": fresh_draws(x, clean_key),
+            "robust_acc_eot": fresh_draws(x_eot, eot_eval_key),
+            "robust_acc_dwbox": correct(x_dwbox, dwbox_key)}
+
+  return jax.jit(evaluate_batch)
+
+
+def undefended_evaluator(config: ml_collections.ConfigDict):
+  """jit((classifier params, x, y, key) -> {"clean_acc", "robust_acc_pgd"}: correct [B])."""
+  _, classify = models.classifier(config)
+
+  def evaluate_batch(classifier_params, x, y, key):
+    def correct(x_in):
+      return (jnp.argmax(classify(classifier_params, x_in), -1) == y).astype(jnp.float32)
+
+    def loss(x_in, k):
+      del k
+      return jnp.sum(models.cross_entropy(classify(classifier_params, x_in), y))
+    x_adv = _pgd(config, loss, x, attacks.fixed_keys(key, config.attack.steps))
+    return {"clean_acc": correct(x), "robust_acc_pgd": correct(x_adv)}
+
+  return jax.jit(evaluate_batch)
+
+
+def adversarial_examples(config: ml_collections.ConfigDict):
+  """jit((classifier params, denoiser params, x, y, key) -> (x_dwbox, purified [B, ...])): the DW-box
+  adversarial images and their purification under the attacked keys (for figures)."""
+  logits = defended_logits(config)
+  _, denoise = models.denoiser(config)
+  schedule = models.make_schedule(config)
+  t_star = config.diffusion.t_star
+
+  def run(classifier_params, denoiser_params, x, y, key):
+    def loss(x_in, k):
+      return jnp.sum(models.cross_entropy(logits(classifier_params, denoiser_params, x_in, k), y))
+    x_adv = _pgd(config, loss, x, attacks.fixed_keys(key, config.attack.steps))
+    keys = jax.random.split(key, purification.num_keys(t_star))
+    purified = purification.purify(lambda x_t, t: denoise(denoiser_params, x_t, t), schedule,
+                                   x_adv, t_star, keys)
+    return x_adv, purified
+  return jax.jit(run)
+
+
+def batch_key(seed: int, index: int) -> jax.Array:
+  """The evaluation key of batch `index`, the same for every model."""
+  return jax.random.fold_in(jax.random.key(seed), index)
+
+
+def mean_over_batches(per_batch: list[dict[str, Any]]) -> dict[str, float]:
+  names = per_batch[0].keys()
+  return {name: float(jnp.mean(jnp.concatenate([jnp.asarray(b[name]) for b in per_batch])))
+          for name in names}
+
+
+def denoising_error(config: ml_collections.ConfigDict):
+  """jit((denoiser params, x [B, ...], key) -> mean eps-MSE over t = 0, T/8, ..., 7T/8): how well
+  a model still denoises plain Gaussian noise (the fidelity ADDT should keep)."""
+  _, denoise = models.denoiser(config)
+  schedule = models.make_schedule(config)
+  grid = jnp.arange(8) * schedule.num_steps // 8
+
+  def error(denoiser_params, x, key):
+    def at(t, k):
+      eps = jax.random.normal(k, x.shape, x.dtype)
+      t_batch = jnp.full((x.shape[0],), t, jnp.int32)
+      x_t = schedules.q_sample(schedule, x, t_batch, eps)
+      return jnp.mean(jnp.square(denoise(denoiser_params, x_t, t_batch) - eps))
+    return jnp.mean(jax.vmap(at)(grid, jax.random.split(key, grid.shape[0])))
+  return jax.jit(error)

@@ -1,0 +1,88 @@
+"""The data, the classifier and the diffusion model of the digits reproduction.
+
+Images are scikit-learn's 8x8 digits (via the TFDS builder `jaxlab.data.digits`) scaled from grey
+levels 0..16 to [-1, 1], NHWC [N, 8, 8, 1], as DDPM and the paper's attacks use them.
+
+* The classifier is an MLP on the 64 flattened pixels (zoo `MLP`, GELU).
+* The denoiser predicts eps. `model.denoiser` picks the zoo network: `residual_mlp` (the 64
+  pixels as a vector; the quick preset's choice, see the README's speed notes) or `unet` (the zoo
+  UNet over the 8x8 image). Both are wrapped to the image interface
+  `denoise(params, x [B, 8, 8, 1], t [B]) -> eps_hat [B, 8, 8, 1]` the samplers expect.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from jaxlab.data import digits
+from jaxlab.diffusion import schedules
+from jaxlab.zoo import functional
+from jaxlab.zoo import mlp
+from jaxlab.zoo import residual_mlp
+from jaxlab.zoo import unet
+
+NUM_CLASSES = 10
+IMAGE_SHAPE = digits.IMAGE_SHAPE
+NUM_PIXELS = int(np.prod(IMAGE_SHAPE))
+DENOISERS = ("residual_mlp", "unet")
+
+# (params, x [B, 8, 8, 1], t [B]) -> eps_hat [B, 8, 8, 1]
+DenoiserApply = Callable[[object, jax.Array, jax.Array], jax.Array]
+# (params, x [B, 8, 8, 1]) -> logits [B, 10]
+ClassifierApply = Callable[[object, jax.Array], jax.Array]
+
+
+def load_split(config: ml_collections.ConfigDict, split: str) -> dict[str, np.ndarray]:
+  """{"image": float32 [N, 8, 8, 1] in [-1, 1], "label": int32 [N]} of the train or test split."""
+  images, labels = digits.load_arrays(
+      split, digits.digits_config(num_test=config.data.num_test, seed=config.data.seed),
+      config.data.data_dir)
+  scaled = images.astype(np.float32) / (digits.NUM_LEVELS - 1) * 2 - 1
+  return {"image": scaled, "label": labels.astype(np.int32)}
+
+
+def make_schedule(config: ml_collections.ConfigDict) -> schedules.Schedule:
+  d = config.diffusion
+  if d.schedule == "linear":
+    return schedules.linear_schedule(d.num_steps)
+  return schedules.cosine_schedule(d.num_steps)
+
+
+def classifier(config: ml_collections.ConfigDict) -> tuple[functional.Functional, ClassifierApply]:
+  hidden = tuple(config.model.classifier_hidden)
+  model = functional.Functional(lambda rngs: mlp.MLP([NUM_PIXELS, *hidden, NUM_CLASSES],
+                                                     activation="gelu", rngs=rngs))
+
+  def apply(params, x):
+    return model.apply(params, x.reshape(x.shape[0], NUM_PIXELS))
+  return model, apply
+
+
+def denoiser(config: ml_collections.ConfigDict) -> tuple[functional.Functional, DenoiserApply]:
+  m = config.model
+  if m.denoiser == "residual_mlp":
+    model = functional.Functional(lambda rngs: residual_mlp.ResidualMLP(
+        in_features=NUM_PIXELS, out_features=NUM_PIXELS, width=m.width,
+        num_blocks=m.num_blocks, rngs=rngs))
+
+    def apply(params, x, t):
+      return model.apply(params, x.reshape(x.shape[0], NUM_PIXELS), t).reshape(x.shape)
+    return model, apply
+  model = functional.Functional(lambda rngs: unet.UNet(
+      in_channels=IMAGE_SHAPE[-1], out_channels=IMAGE_SHAPE[-1], base_channels=m.base_channels,
+      channel_multipliers=tuple(m.channel_multipliers), blocks_per_level=1,
+      attention_at_lowest=False, groups=m.groups, rngs=rngs))
+  return model, model.apply
+
+
+def accuracy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+  return jnp.mean(jnp.argmax(logits, -1) == labels)
+
+
+def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+  """Per-example cross-entropy [B]."""
+  return -jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], axis=-1)[:, 0]

@@ -1,0 +1,65 @@
+"""A time-conditioned residual MLP for vectors: the UNet's counterpart for inputs without
+spatial structure worth convolving (tiny images flattened, tabular data, low-dimensional states).
+
+`(x [B, D_in], t [B]) -> [B, D_out]`. An input projection to `width`; the time embedding is an MLP
+(Linear -> SiLU -> Linear) of `sinusoidal_embedding(t, width)`; each of `num_blocks` residual
+blocks computes LayerNorm -> SiLU -> Linear, adds its own projection of SiLU(embedding), then
+LayerNorm -> SiLU -> Linear, and adds the result to its input; the output is LayerNorm -> SiLU ->
+a zero-initialised Linear, so a fresh model predicts exactly 0 (as the UNet does).
+
+On a CPU the whole network is a few dense matmuls, which run near the machine's matmul peak,
+while 3x3 convolutions on 8x8 feature maps run at a fraction of it.
+"""
+from __future__ import annotations
+
+import chex
+from flax import nnx
+import jax
+import jax.numpy as jnp
+
+from jaxlab.zoo.mlp import MLP
+from jaxlab.zoo.unet import sinusoidal_embedding
+
+
+class _Block(nnx.Module):
+
+  def __init__(self, width: int, *, rngs: nnx.Rngs):
+    self.norm_in = nnx.LayerNorm(width, rngs=rngs)
+    self.linear_in = nnx.Linear(width, width, rngs=rngs)
+    self.embedding_projection = nnx.Linear(width, width, rngs=rngs)
+    self.norm_out = nnx.LayerNorm(width, rngs=rngs)
+    self.linear_out = nnx.Linear(width, width, rngs=rngs)
+
+  def __call__(self, h: jax.Array, embedding: jax.Array) -> jax.Array:
+    update = self.linear_in(jax.nn.silu(self.norm_in(h)))
+    update = update + self.embedding_projection(jax.nn.silu(embedding))
+    return h + self.linear_out(jax.nn.silu(self.norm_out(update)))
+
+
+class ResidualMLP(nnx.Module):
+  """Denoiser-shaped MLP `(x [B, in_features], t [B] or scalar) -> [B, out_features]`."""
+
+  def __init__(self, *, in_features: int, out_features: int, width: int = 256,
+               num_blocks: int = 3, rngs: nnx.Rngs):
+    if width < 2 or num_blocks < 1:
+      raise ValueError(f"need width >= 2 and num_blocks >= 1, got {width}, {num_blocks}")
+    self.in_features, self.width = in_features, width
+    self.input_projection = nnx.Linear(in_features, width, rngs=rngs)
+    self.time_mlp = MLP([width, width, width], activation="silu", rngs=rngs)
+    self.blocks = nnx.List([_Block(width, rngs=rngs) for _ in range(num_blocks)])
+    self.output_norm = nnx.LayerNorm(width, rngs=rngs)
+    self.output_projection = nnx.Linear(width, out_features, kernel_init=nnx.initializers.zeros,
+                                        rngs=rngs)
+
+  def __call__(self, x: jax.Array, t: jax.Array) -> jax.Array:
+    if x.ndim != 2 or x.shape[-1] != self.in_features:
+      raise ValueError(f"expected x of shape [B, {self.in_features}], got {x.shape}")
+    t = jnp.asarray(t)
+    if t.ndim == 0:
+      t = jnp.broadcast_to(t, x.shape[:1])
+    chex.assert_shape(t, x.shape[:1])
+    embedding = self.time_mlp(sinusoidal_embedding(t, self.width))
+    h = self.input_projection(x)
+    for block in self.blocks:
+      h = block(h, embedding)
+    return self.output_projection(jax.nn.silu(self.output_norm(h)))
