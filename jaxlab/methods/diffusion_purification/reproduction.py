@@ -40,6 +40,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
   config_lib.require_choice(config, "model.denoiser", models_lib.DENOISERS)
   config_lib.require_choice(config, "diffusion.schedule", ("linear", "cosine"))
   d, a, e = config.diffusion, config.attack, config.eval
+  config_lib.require(config.data.size >= 8, "data.size",
+                     f"must be at least the digits' 8 pixels, got {config.data.size}")
   config_lib.require(0 <= d.t_star < d.num_steps, "diffusion.t_star",
                      f"must be in [0, diffusion.num_steps = {d.num_steps}), got {d.t_star}")
   config_lib.require(a.epsilon > 0 and a.step_size > 0, "attack.epsilon",

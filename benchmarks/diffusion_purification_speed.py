@@ -1,0 +1,191 @@
+"""diffusion_purification: PGD attack steps through the purifier, where an EOT step goes, and
+training steps per second.
+
+  python benchmarks/diffusion_purification_speed.py [--preset quick] [--no-append]
+
+Prints, and appends to benchmarks/RESULTS.md (random-initialised networks, every parameter moved
+by 0.01 N(0, 1) so the zero-initialised output layer does not make the purifier the identity; a
+batch of `eval.batch_size` random images in [-1, 1]):
+* seconds per PGD step through the purifier and classifier, with the stochastic white-box keys
+  (EOT draws of the preset) and with the DW-box keys (EOT 1), images x EOT draws per second, the
+  FLOPs of one step and the achieved GFLOP/s next to the machine's matmul peak;
+* where one EOT attack step goes (each part jitted alone): a denoiser forward, the purifier
+  forward (t* + 1 reverse steps), the purifier forward + gradient w.r.t. x of one EOT draw with
+  and without rematerialisation, the classifier forward + gradient;
+* train steps/s of DDPM pretraining and of the plain and ADDT fine-tuning steps.
+
+FLOP counts: XLA's cost analysis counts a `lax.scan` body once, whatever its length, which would
+count one of the purifier's t* + 1 reverse steps (and one CGPO iteration of ADDT). The counts
+below come from XLA on the same functions traced with every scan unrolled (`unrolled_flops`), so
+they are the FLOPs actually executed; the XLA count with the scans rolled is shown next to them.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+import jax  # pylint: disable=g-import-not-at-top
+import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+from benchmarks.common import publish, machine, matmul_peak, time_call, xla_flops  # pylint: disable=g-import-not-at-top
+from jaxlab.core import config as config_lib  # pylint: disable=g-import-not-at-top
+from jaxlab.core import host  # pylint: disable=g-import-not-at-top
+from jaxlab.methods.diffusion_purification import attacks  # pylint: disable=g-import-not-at-top
+from jaxlab.methods.diffusion_purification import evaluation  # pylint: disable=g-import-not-at-top
+from jaxlab.methods.diffusion_purification import models  # pylint: disable=g-import-not-at-top
+from jaxlab.methods.diffusion_purification import purification  # pylint: disable=g-import-not-at-top
+from jaxlab.methods.diffusion_purification import training  # pylint: disable=g-import-not-at-top
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@contextlib.contextmanager
+def _unrolled_scans():
+  original = jax.lax.scan
+  jax.lax.scan = functools.partial(original, unroll=True)
+  try:
+    yield
+  finally:
+    jax.lax.scan = original
+
+
+def unrolled_flops(fn, *args) -> float:
+  """`xla_flops` of `fn` traced afresh with every `jax.lax.scan` fully unrolled."""
+  with _unrolled_scans():
+    return xla_flops(lambda *a: fn(*a), *args)   # a new function: no cached (rolled) trace
+
+
+def perturbed(params, key, scale: float = 0.01):
+  leaves, tree = jax.tree.flatten(params)
+  keys = jax.random.split(key, len(leaves))
+  return jax.tree.unflatten(tree, [p + scale * jax.random.normal(k, p.shape, p.dtype)
+                                   for p, k in zip(leaves, keys)])
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--preset", default="quick")
+  parser.add_argument("--no-append", action="store_true")
+  args = parser.parse_args()
+  host.tune_allocator()
+  config = config_lib.load_config(ROOT / "configs" / "diffusion_purification.py", args.preset)
+  m, d, a = config.model, config.diffusion, config.attack
+  batch, eot, t_star = config.eval.batch_size, a.eot, d.t_star
+  rng = jax.random.key(0)
+  x_key, y_key, c_key, d_key, attack_key, noise_key = jax.random.split(rng, 6)
+
+  classifier_model, classify = models.classifier(config)
+  denoiser_model, denoise = models.denoiser(config)
+  schedule = models.make_schedule(config)
+  classifier_init = classifier_model.init(c_key)
+  denoiser_init = denoiser_model.init(d_key)
+  classifier_params = perturbed(classifier_init, jax.random.fold_in(noise_key, 0))
+  denoiser_params = perturbed(denoiser_init, jax.random.fold_in(noise_key, 1))
+  x = jax.random.uniform(x_key, (batch, config.data.size, config.data.size, models.CHANNELS), minval=-1.0, maxval=1.0)
+  y = jax.random.randint(y_key, (batch,), 0, models.NUM_CLASSES, jnp.int32)
+
+  peak = matmul_peak(jnp.float32)
+  denoiser_desc = (f"residual MLP width {m.width}, {m.num_blocks} blocks"
+                   if m.denoiser == "residual_mlp" else
+                   f"UNet base {m.base_channels} channels, multipliers "
+                   f"{tuple(m.channel_multipliers)}")
+  lines = [f"\n## diffusion_purification attacks and training ({args.preset} preset), "
+           f"{machine()}\n\n",
+           f"8x8 digits, denoiser {denoiser_desc}, classifier MLP hidden "
+           f"{tuple(m.classifier_hidden)}; T = {d.num_steps}, t* = {t_star} ({t_star + 1} reverse "
+           f"steps per purification); attack batch {batch}, EOT {eot}; train batch "
+           f"{config.train.batch_size}. Random-initialised networks (+0.01 N(0, 1)). Matmul peak "
+           f"(jitted 2048x2048 jnp.dot): {peak:.0f} GFLOP/s float32. GFLOP counts are XLA's on "
+           f"the functions with every scan unrolled (XLA counts a rolled scan body once: that "
+           f"count is in the last column).\n\n",
+           "| PGD step through the purifier | s/step | images x EOT / s | GFLOP/step | GFLOP/s | "
+           "% of peak | XLA GFLOP, scans rolled |\n|---|---|---|---|---|---|---|\n"]
+
+  logits = evaluation.defended_logits(config)
+
+  def pgd_step(cp, dp, x_in, y_in, keys):
+    def loss(x_adv, k):
+      return jnp.sum(models.cross_entropy(logits(cp, dp, x_adv, k), y_in))
+    return attacks.pgd_linf(loss, x_in, keys, epsilon=a.epsilon, step_size=a.step_size)
+
+  step = jax.jit(pgd_step)
+  protocols = [(f"stochastic white-box (EOT {eot})", attacks.stochastic_keys(attack_key, 1, eot)),
+               ("DW-box (EOT 1, fixed keys)", attacks.fixed_keys(attack_key, 1))]
+  eot_step_s = None
+  for name, keys in protocols:
+    step_args = (classifier_params, denoiser_params, x, y, keys)
+    seconds = time_call(step, *step_args, repeats=10)
+    flops = unrolled_flops(pgd_step, *step_args)
+    rolled = xla_flops(pgd_step, *step_args)
+    eot_step_s = seconds if eot_step_s is None else eot_step_s
+    lines.append(f"| {name} | {seconds:.4f} | {batch * keys.shape[1] / seconds:.0f} | "
+                 f"{flops / 1e9:.2f} | {flops / seconds / 1e9:.1f} | "
+                 f"{100 * flops / seconds / 1e9 / peak:.1f}% | {rolled / 1e9:.3f} |\n")
+    print(lines[-1], end="", flush=True)
+
+  # Where one EOT step goes.
+  t = jnp.full((batch,), t_star, jnp.int32)
+  purify_keys = jax.random.split(attack_key, purification.num_keys(t_star))
+  cotangent = jax.random.normal(jax.random.fold_in(noise_key, 2), x.shape)
+
+  def purify(dp, x_in, keys, remat):
+    return purification.purify(lambda x_t, s: denoise(dp, x_t, s), schedule, x_in, t_star, keys,
+                               remat=remat)
+
+  def purify_grad(remat):
+    return jax.jit(jax.grad(lambda x_in, dp, keys: jnp.vdot(purify(dp, x_in, keys, remat),
+                                                            cotangent)))
+
+  classifier_grad = jax.jit(jax.grad(
+      lambda x_in, cp, y_in: jnp.sum(models.cross_entropy(classify(cp, x_in), y_in))))
+  parts = [("denoiser forward (1 network call)", jax.jit(denoise), (denoiser_params, x, t)),
+           (f"purifier forward ({t_star + 1} reverse steps)",
+            jax.jit(lambda dp, x_in, keys: purify(dp, x_in, keys, True)),
+            (denoiser_params, x, purify_keys)),
+           ("purifier forward + gradient w.r.t. x, one EOT draw (remat, as evaluated)",
+            purify_grad(True), (x, denoiser_params, purify_keys)),
+           ("purifier forward + gradient w.r.t. x, one EOT draw (no remat)",
+            purify_grad(False), (x, denoiser_params, purify_keys)),
+           ("classifier forward + gradient w.r.t. x", classifier_grad,
+            (x, classifier_params, y))]
+  lines.append(f"\nWhere one stochastic white-box PGD step (EOT {eot}, "
+               f"{1e3 * eot_step_s:.1f} ms) goes, each part jitted alone:\n\n"
+               "| part | ms | % of the EOT step |\n|---|---|---|\n")
+  for name, fn, fn_args in parts:
+    ms = 1e3 * time_call(fn, *fn_args, repeats=10)
+    lines.append(f"| {name} | {ms:.2f} | {100 * ms / (1e3 * eot_step_s):.1f}% |\n")
+    print(lines[-1], end="", flush=True)
+
+  # Training steps.
+  train_batch = config.train.batch_size
+  data = {"image": jax.random.uniform(x_key, (train_batch, config.data.size, config.data.size, models.CHANNELS), minval=-1.0,
+                                      maxval=1.0),
+          "label": jax.random.randint(y_key, (train_batch,), 0, models.NUM_CLASSES, jnp.int32)}
+  lines.append(f"\n| training step (batch {train_batch}) | steps/s | GFLOP/step | GFLOP/s | "
+               "% of peak |\n|---|---|---|---|---|\n")
+  runs = [("DDPM pretraining", None), ("plain fine-tuning", "plain"),
+          (f"ADDT fine-tuning (CGPO {config.addt.cgpo_iterations} iterations + RBGM)", "addt")]
+  for name, perturbation in runs:
+    if perturbation is None:
+      experiment = training.diffusion_experiment(config, config.train.steps)
+    else:
+      experiment = training.diffusion_experiment(
+          config, config.train.steps, perturbation=perturbation, init_params=denoiser_init,
+          classifier_params=classifier_init)
+    state = experiment.init(rng)
+    update = jax.jit(experiment.update)
+    seconds = time_call(lambda: update(state, data, rng)[1]["loss"], repeats=30)
+    flops = unrolled_flops(experiment.update, state, data, rng)
+    lines.append(f"| {name} | {1 / seconds:.1f} | {flops / 1e9:.3f} | "
+                 f"{flops / seconds / 1e9:.1f} | {100 * flops / seconds / 1e9 / peak:.1f}% |\n")
+    print(lines[-1], end="", flush=True)
+  publish(lines, append=not args.no_append)
+
+
+if __name__ == "__main__":
+  main()

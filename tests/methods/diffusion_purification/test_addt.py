@@ -1,0 +1,168 @@
+"""ADDT: the adversarial weight, CGPO with and without RBGM, the fine-tuning step (compiles once,
+starts from the pretrained weights, EMA), the evaluation protocols and config checks."""
+import pathlib
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxlab.core import config as config_lib
+from jaxlab.core import train_loop
+from jaxlab.diffusion import schedules
+from jaxlab.methods.diffusion_purification import addt
+from jaxlab.methods.diffusion_purification import evaluation
+from jaxlab.methods.diffusion_purification import models
+from jaxlab.methods.diffusion_purification import purification
+from jaxlab.methods.diffusion_purification import reproduction
+from jaxlab.methods.diffusion_purification import training
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+SCHEDULE = schedules.cosine_schedule(50)
+
+
+def smoke_config(**overrides):
+  config = config_lib.load_config(ROOT / "configs" / "diffusion_purification.py", "smoke")
+  return config_lib.with_overrides(config, overrides) if overrides else config
+
+
+def test_adversarial_weight_is_the_clipped_snr_formula():
+  t = jnp.arange(50)
+  weight = addt.adversarial_weight(SCHEDULE, t, scale=0.03, maximum=0.3)
+  alpha_bar = np.asarray(SCHEDULE.alphas_cumprod)
+  expected = np.clip(0.03 * np.sqrt(alpha_bar) / np.sqrt(1 - alpha_bar), 0, 0.3)
+  np.testing.assert_allclose(weight, expected, rtol=1e-5)
+  assert float(weight[0]) == pytest.approx(0.3) and float(weight[-1]) < 0.01
+
+
+def toy_models():
+  """A linear 'denoiser' and a linear classifier on 4x4 single-channel images."""
+  weights = jnp.asarray(np.random.default_rng(0).normal(size=(16, 3)), jnp.float32)
+  denoise = lambda x, t: 0.5 * x
+  classify = lambda x: x.reshape(x.shape[0], -1) @ weights
+  return denoise, classify
+
+
+def cgpo_inputs():
+  x0 = jax.random.uniform(jax.random.key(0), (3, 4, 4, 1)) * 2 - 1
+  labels = jnp.array([0, 1, 2])
+  t = jnp.array([3, 10, 20])
+  weight = addt.adversarial_weight(SCHEDULE, t, scale=0.5, maximum=0.9)
+  return x0, labels, t, weight
+
+
+def test_cgpo_with_rbgm_gives_a_gaussian_permutation_ordered_like_the_guidance():
+  denoise, classify = toy_models()
+  x0, labels, t, weight = cgpo_inputs()
+  delta, guidance = addt.cgpo(denoise, classify, SCHEDULE, x0, labels, t, weight,
+                              jax.random.key(1), iterations=3, perturbation="addt")
+  for b in range(3):
+    d, g = np.asarray(delta[b]).ravel(), np.asarray(guidance[b]).ravel()
+    np.testing.assert_array_equal(np.argsort(d), np.argsort(g))
+  assert np.abs(np.asarray(guidance)).sum() > 0
+
+
+def test_cgpo_without_rbgm_standardises_the_guidance():
+  denoise, classify = toy_models()
+  x0, labels, t, weight = cgpo_inputs()
+  delta, guidance = addt.cgpo(denoise, classify, SCHEDULE, x0, labels, t, weight,
+                              jax.random.key(1), iterations=3, perturbation="addt_no_rbgm")
+  np.testing.assert_allclose(delta, addt.standardise(guidance), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(np.mean(delta, axis=(1, 2)), 0, atol=1e-5)
+  np.testing.assert_allclose(np.std(delta, axis=(1, 2)), 1, rtol=1e-4)
+
+
+def test_cgpo_perturbation_raises_the_classifier_loss_over_random_gaussian_noise():
+  denoise, classify = toy_models()
+  x0, labels, t, weight = cgpo_inputs()
+  delta, _ = addt.cgpo(denoise, classify, SCHEDULE, x0, labels, t, weight, jax.random.key(1),
+                       iterations=5, perturbation="addt")
+  random_delta = jax.random.normal(jax.random.key(7), x0.shape)
+  alpha_bar = SCHEDULE.alphas_cumprod[t][:, None, None, None]
+
+  def expected_loss(d):
+    def loss(key):
+      x_t = schedules.q_sample(SCHEDULE, x0, t, addt.mix_noise(
+          jax.random.normal(key, x0.shape), d, weight))
+      x0_hat = (x_t - jnp.sqrt(1 - alpha_bar) * denoise(x_t, t)) / jnp.sqrt(alpha_bar)
+      return jnp.mean(models.cross_entropy(classify(x0_hat), labels))
+    return float(jnp.mean(jax.vmap(loss)(jax.random.split(jax.random.key(3), 256))))
+  assert expected_loss(delta) > expected_loss(random_delta) + 0.1
+
+
+def test_plain_noise_is_just_gaussian_and_unknown_perturbations_fail():
+  denoise, classify = toy_models()
+  x0, labels, t, _ = cgpo_inputs()
+  key = jax.random.key(4)
+  noise, _ = addt.training_noise(denoise, classify, SCHEDULE, x0, labels, t, key,
+                                 perturbation="plain", scale=0.03, maximum=0.3, iterations=5)
+  np.testing.assert_array_equal(noise, jax.random.normal(jax.random.split(key)[1], x0.shape))
+  with pytest.raises(ValueError, match="unknown perturbation"):
+    addt.training_noise(denoise, classify, SCHEDULE, x0, labels, t, key, perturbation="pgd",
+                        scale=0.03, maximum=0.3, iterations=5)
+
+
+def test_ema_decay_warms_up_towards_its_maximum():
+  decay = training.ema_decay(jnp.array([0, 1, 10_000_000]), maximum=0.9999, power=0.75)
+  np.testing.assert_allclose(decay, [0.0, 1 - 2 ** -0.75, 0.9999], rtol=1e-6)
+
+
+def test_addt_finetune_step_compiles_once_and_starts_from_the_pretrained_weights(tmp_path):
+  config = smoke_config(train={"steps": 3, "ckpt_every": 3, "log_every": 1})
+  pretrained = models.denoiser(config)[0].init(jax.random.key(3))
+  classifier = models.classifier(config)[0].init(jax.random.key(4))
+  experiment = training.diffusion_experiment(config, 3, perturbation="addt",
+                                             init_params=pretrained, classifier_params=classifier)
+  state = experiment.init(jax.random.key(0))
+  chex.assert_trees_all_equal(state["params"], pretrained)
+  chex.assert_trees_all_equal(state["ema"], pretrained)
+  traced = chex.assert_max_traces(experiment.update, n=1)
+  result = train_loop.run(train_loop.Experiment(init=experiment.init, update=traced,
+                                                train_data=experiment.train_data),
+                          config, tmp_path)
+  assert result.step == 3 and int(result.state["step"]) == 3
+  with pytest.raises(ValueError, match="classifier"):
+    training.diffusion_experiment(config, 3, perturbation="addt", init_params=pretrained)
+
+
+def test_dwbox_evaluation_scores_the_purifier_with_the_attacked_keys():
+  """With a vanishing budget the DW-box result is the accuracy of the one fixed purification."""
+  config = smoke_config(attack={"epsilon": 1e-7, "step_size": 1e-7})
+  classifier = jax.tree.map(lambda p: p + 0.05, models.classifier(config)[0].init(
+      jax.random.key(0)))
+  denoiser = jax.tree.map(lambda p: p + 0.01, models.denoiser(config)[0].init(jax.random.key(1)))
+  x = jax.random.uniform(jax.random.key(2), (8, 8, 8, 1)) * 2 - 1
+  logits = evaluation.defended_logits(config)
+  y = jnp.argmax(logits(classifier, denoiser, x, jax.random.key(9)), -1)
+  key = jax.random.key(5)
+  out = evaluation.evaluator(config)(classifier, denoiser, x, y, key)
+  dwbox_key = jax.random.split(key, 4)[3]
+  expected = jnp.argmax(logits(classifier, denoiser, x, dwbox_key), -1) == y
+  np.testing.assert_array_equal(out["robust_acc_dwbox"], expected.astype(np.float32))
+  for name in evaluation.PROTOCOLS:
+    assert out[name].shape == (8,) and np.all((0 <= out[name]) & (out[name] <= 1))
+
+
+def test_purifier_keys_fix_every_noise():
+  config = smoke_config()
+  denoiser = jax.tree.map(lambda p: p + 0.01, models.denoiser(config)[0].init(jax.random.key(1)))
+  _, apply = models.denoiser(config)
+  x = jnp.zeros((2, 8, 8, 1))
+  keys = jax.random.split(jax.random.key(0), purification.num_keys(config.diffusion.t_star))
+  run = lambda k: purification.purify(lambda xt, t: apply(denoiser, xt, t),
+                                      models.make_schedule(config), x, config.diffusion.t_star, k)
+  np.testing.assert_array_equal(run(keys), run(keys))
+
+
+@pytest.mark.parametrize("overrides,key", [
+    ({"diffusion": {"t_star": 20}}, "diffusion.t_star"),
+    ({"models": "pretrained,adversarial"}, "models"),
+    ({"eval": {"num_images": 1000}}, "eval.num_images"),
+    ({"eval": {"num_images": 12}}, "eval.num_images"),
+    ({"model": {"denoiser": "transformer"}}, "model.denoiser"),
+    ({"addt": {"lambda_max": 1.5}}, "addt.lambda_max"),
+])
+def test_bad_configs_fail_with_the_key_named(overrides, key):
+  with pytest.raises(config_lib.ConfigError, match=key.replace(".", r"\.")):
+    reproduction.validate(smoke_config(**overrides))
