@@ -86,7 +86,8 @@ def main() -> None:
   denoiser_init = denoiser_model.init(d_key)
   classifier_params = perturbed(classifier_init, jax.random.fold_in(noise_key, 0))
   denoiser_params = perturbed(denoiser_init, jax.random.fold_in(noise_key, 1))
-  x = jax.random.uniform(x_key, (batch, config.data.size, config.data.size, models.CHANNELS), minval=-1.0, maxval=1.0)
+  image_shape = (config.data.size, config.data.size, models.CHANNELS)
+  x = jax.random.uniform(x_key, (batch, *image_shape), minval=-1.0, maxval=1.0)
   y = jax.random.randint(y_key, (batch,), 0, models.NUM_CLASSES, jnp.int32)
 
   peak = matmul_peak(jnp.float32)
@@ -96,7 +97,8 @@ def main() -> None:
                    f"{tuple(m.channel_multipliers)}")
   lines = [f"\n## diffusion_purification attacks and training ({args.preset} preset), "
            f"{machine()}\n\n",
-           f"8x8 digits, denoiser {denoiser_desc}, classifier MLP hidden "
+           f"{config.data.size}x{config.data.size} digits, denoiser {denoiser_desc}, "
+           f"classifier MLP hidden "
            f"{tuple(m.classifier_hidden)}; T = {d.num_steps}, t* = {t_star} ({t_star + 1} reverse "
            f"steps per purification); attack batch {batch}, EOT {eot}; train batch "
            f"{config.train.batch_size}. Random-initialised networks (+0.01 N(0, 1)). Matmul peak "
@@ -163,7 +165,7 @@ def main() -> None:
 
   # Training steps.
   train_batch = config.train.batch_size
-  data = {"image": jax.random.uniform(x_key, (train_batch, config.data.size, config.data.size, models.CHANNELS), minval=-1.0,
+  data = {"image": jax.random.uniform(x_key, (train_batch, *image_shape), minval=-1.0,
                                       maxval=1.0),
           "label": jax.random.randint(y_key, (train_batch,), 0, models.NUM_CLASSES, jnp.int32)}
   lines.append(f"\n| training step (batch {train_batch}) | steps/s | GFLOP/step | GFLOP/s | "

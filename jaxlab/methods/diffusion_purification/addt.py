@@ -9,13 +9,14 @@ so the adversarial part of the noise moves x_t by at most `scale * sqrt(ab_t)` i
 perturbation delta: start from delta ~ N(0, I), guidance g = 0, and repeat `iterations` times
 
   eps ~ N(0, I);  x_t = sqrt(ab) x0 + sqrt(1 - ab) (sqrt(1 - lambda^2) eps + lambda delta)
-  x0_hat = (x_t - sqrt(1 - ab) eps_theta(x_t, t)) / sqrt(ab)
+  x0_hat = (x_t - sqrt(1 - ab) eps_theta(x_t, t)) / sqrt(ab)    (or the model's own x0 prediction)
   g += d CE(classifier(x0_hat), y) / d delta;   delta <- map(g)
 
 where `map` is RBGM (a permutation of a fresh Gaussian sample in the rank order of g: the noise
 stays exactly Gaussian) or, for the ablation, g standardised per (image, channel). The training
 step then draws a fresh eps, uses n = sqrt(1 - lambda^2) eps + lambda delta as the noise, and
-regresses eps_theta(x_t(n), t) onto n. The classifier is frozen; delta carries no gradient into
+regresses eps_theta(x_t(n), t) onto n (an x0-prediction model regresses onto x0, the same
+objective weighted by 1 / SNR_t). The classifier is frozen; delta carries no gradient into
 the diffusion model's update. `plain` fine-tuning is the same step with lambda = 0 (n = eps).
 """
 from __future__ import annotations
@@ -30,8 +31,9 @@ from jaxlab.methods.diffusion_purification import rbgm
 
 PERTURBATIONS = ("plain", "addt_no_rbgm", "addt")
 
-# (x [B, H, W, C], t [B]) -> eps_hat; (x0_hat [B, H, W, C]) -> logits [B, K]
-Denoise = Callable[[jax.Array, jax.Array], jax.Array]
+# (x_t [B, H, W, C], t [B]) -> x0_hat (from eps_hat for an eps-prediction model);
+# (x0_hat [B, H, W, C]) -> logits [B, K]
+PredictX0 = Callable[[jax.Array, jax.Array], jax.Array]
 Classify = Callable[[jax.Array], jax.Array]
 
 
@@ -63,19 +65,17 @@ def guidance_map(perturbation: str) -> Callable[[jax.Array, jax.Array], jax.Arra
   raise ValueError(f"{perturbation!r} has no guidance map; choose 'addt' or 'addt_no_rbgm'")
 
 
-def cgpo(denoise: Denoise, classify: Classify, schedule: schedules.Schedule, x0: jax.Array,
+def cgpo(predict_x0: PredictX0, classify: Classify, schedule: schedules.Schedule, x0: jax.Array,
          labels: jax.Array, t: jax.Array, weight: jax.Array, key: jax.Array, *,
          iterations: int, perturbation: str) -> tuple[jax.Array, jax.Array]:
   """(delta, accumulated guidance g), both [B, H, W, C]; one `lax.scan` over the iterations."""
   to_delta = guidance_map(perturbation)
-  alpha_bar = schedule.alphas_cumprod[t].reshape((-1,) + (1,) * (x0.ndim - 1)).astype(x0.dtype)
   init_key, loop_key = jax.random.split(key)
 
   def attack_loss(delta, eps):
     noise = mix_noise(eps, delta, weight)
     x_t = schedules.q_sample(schedule, x0, t, noise)
-    x0_hat = (x_t - jnp.sqrt(1.0 - alpha_bar) * denoise(x_t, t)) / jnp.sqrt(alpha_bar)
-    logits = classify(x0_hat)
+    logits = classify(predict_x0(x_t, t))
     return -jnp.sum(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], axis=-1))
 
   def iteration(carry, step_key):
@@ -91,7 +91,7 @@ def cgpo(denoise: Denoise, classify: Classify, schedule: schedules.Schedule, x0:
   return jax.lax.stop_gradient(delta), jax.lax.stop_gradient(guidance)
 
 
-def training_noise(denoise: Denoise, classify: Classify, schedule: schedules.Schedule,
+def training_noise(predict_x0: PredictX0, classify: Classify, schedule: schedules.Schedule,
                    x0: jax.Array, labels: jax.Array, t: jax.Array, key: jax.Array, *,
                    perturbation: str, scale: float, maximum: float, iterations: int
                    ) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -103,6 +103,6 @@ def training_noise(denoise: Denoise, classify: Classify, schedule: schedules.Sch
   if perturbation == "plain":
     return eps, {}
   weight = adversarial_weight(schedule, t, scale=scale, maximum=maximum)
-  delta, _ = cgpo(denoise, classify, schedule, x0, labels, t, weight, cgpo_key,
+  delta, _ = cgpo(predict_x0, classify, schedule, x0, labels, t, weight, cgpo_key,
                   iterations=iterations, perturbation=perturbation)
   return mix_noise(eps, delta, weight), {"mean_lambda": jnp.mean(weight)}

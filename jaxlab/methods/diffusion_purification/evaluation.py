@@ -21,6 +21,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 
 from jaxlab.diffusion import schedules
 from jaxlab.methods.diffusion_purification import attacks
@@ -40,7 +41,8 @@ def defended_logits(config: ml_collections.ConfigDict):
   def logits(classifier_params, denoiser_params, x, key):
     keys = jax.random.split(key, purification.num_keys(t_star))
     purified = purification.purify(lambda x_t, t: denoise(denoiser_params, x_t, t), schedule, x,
-                                   t_star, keys, remat=True)
+                                   t_star, keys, remat=True,
+                                   parameterization=config.model.parameterization)
     return classify(classifier_params, purified)
   return logits
 
@@ -110,7 +112,8 @@ def adversarial_examples(config: ml_collections.ConfigDict):
     x_adv = _pgd(config, loss, x, attacks.fixed_keys(key, config.attack.steps))
     keys = jax.random.split(key, purification.num_keys(t_star))
     purified = purification.purify(lambda x_t, t: denoise(denoiser_params, x_t, t), schedule,
-                                   x_adv, t_star, keys)
+                                   x_adv, t_star, keys,
+                                   parameterization=config.model.parameterization)
     return x_adv, purified
   return jax.jit(run)
 
@@ -120,15 +123,30 @@ def batch_key(seed: int, index: int) -> jax.Array:
   return jax.random.fold_in(jax.random.key(seed), index)
 
 
+def concatenate_batches(per_batch: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+  """[{protocol: per-example [B]}] -> {protocol: per-example [N]} on the host."""
+  return {name: np.concatenate([np.asarray(b[name]) for b in per_batch])
+          for name in per_batch[0]}
+
+
 def mean_over_batches(per_batch: list[dict[str, Any]]) -> dict[str, float]:
-  names = per_batch[0].keys()
-  return {name: float(jnp.mean(jnp.concatenate([jnp.asarray(b[name]) for b in per_batch])))
-          for name in names}
+  return {name: float(np.mean(values))
+          for name, values in concatenate_batches(per_batch).items()}
+
+
+def paired_difference(ours: np.ndarray, baseline: np.ndarray) -> dict[str, float]:
+  """Mean per-example difference of two models scored on the same images and keys, with its
+  standard error (the pairing removes the between-image variance)."""
+  difference = np.asarray(ours, np.float64) - np.asarray(baseline, np.float64)
+  return {"mean": float(difference.mean()),
+          "stderr": float(difference.std(ddof=1) / np.sqrt(len(difference)))
+          if len(difference) > 1 else float("nan")}
 
 
 def denoising_error(config: ml_collections.ConfigDict):
   """jit((denoiser params, x [B, ...], key) -> mean eps-MSE over t = 0, T/8, ..., 7T/8): how well
-  a model still denoises plain Gaussian noise (the fidelity ADDT should keep)."""
+  a model still denoises plain Gaussian noise (the fidelity ADDT should keep), whatever the
+  network predicts."""
   _, denoise = models.denoiser(config)
   schedule = models.make_schedule(config)
   grid = jnp.arange(8) * schedule.num_steps // 8
@@ -138,6 +156,9 @@ def denoising_error(config: ml_collections.ConfigDict):
       eps = jax.random.normal(k, x.shape, x.dtype)
       t_batch = jnp.full((x.shape[0],), t, jnp.int32)
       x_t = schedules.q_sample(schedule, x, t_batch, eps)
-      return jnp.mean(jnp.square(denoise(denoiser_params, x_t, t_batch) - eps))
+      _, eps_hat = schedules.to_x0_and_eps(schedule, x_t, t_batch,
+                                           denoise(denoiser_params, x_t, t_batch),
+                                           config.model.parameterization)
+      return jnp.mean(jnp.square(eps_hat - eps))
     return jnp.mean(jax.vmap(at)(grid, jax.random.split(key, grid.shape[0])))
   return jax.jit(error)

@@ -27,6 +27,9 @@ from jaxlab.methods.diffusion_purification import training
 
 # The purifiers compared: the pretrained DDPM and its three fine-tunings (same budget each).
 MODELS = ("pretrained",) + addt.PERTURBATIONS
+# Paired per-example differences reported (same images, same attack and purification keys).
+PAIRED_COMPARISONS = (("addt", "plain"), ("addt", "pretrained"), ("addt", "addt_no_rbgm"),
+                      ("plain", "pretrained"))
 # "Far below": the DW-box robust accuracy is at most this fraction of the EOT one.
 FAR_BELOW = 0.5
 
@@ -38,6 +41,7 @@ def selected_models(config) -> list[str]:
 def validate(config: ml_collections.ConfigDict) -> None:
   selected_models(config)
   config_lib.require_choice(config, "model.denoiser", models_lib.DENOISERS)
+  config_lib.require_choice(config, "model.parameterization", models_lib.PARAMETERIZATIONS)
   config_lib.require_choice(config, "diffusion.schedule", ("linear", "cosine"))
   d, a, e = config.diffusion, config.attack, config.eval
   config_lib.require(config.data.size >= 8, "data.size",
@@ -109,7 +113,8 @@ def test_batches(config: ml_collections.ConfigDict):
 def evaluate(config: ml_collections.ConfigDict, classifier_params: Any,
              denoisers: dict[str, Any]) -> dict[str, Any]:
   """{"no_defence": {...}, <model>: {clean_acc, robust_acc_eot, robust_acc_dwbox,
-  denoise_mse}} on the same test batches and keys for every model."""
+  denoise_mse}, "paired_gain": {"<a>_vs_<b>": {protocol: {mean, stderr}}}}, every model scored
+  on the same test batches with the same keys."""
   with train_loop.precision_scope(config):
     batches = test_batches(config)
     undefended = evaluation.undefended_evaluator(config)
@@ -118,16 +123,24 @@ def evaluate(config: ml_collections.ConfigDict, classifier_params: Any,
         for i, (x, y) in enumerate(batches)])}
     evaluate_batch = evaluation.evaluator(config)
     denoising = evaluation.denoising_error(config)
+    per_example = {}
     for name in metrics_lib.progress_iter(list(denoisers), "attacks",
                                           enabled=config.train.progress):
       params = denoisers[name]
-      per_batch = [evaluate_batch(classifier_params, params, x, y,
-                                  evaluation.batch_key(config.seed, i))
-                   for i, (x, y) in enumerate(batches)]
-      summary[name] = evaluation.mean_over_batches(per_batch)
+      per_example[name] = evaluation.concatenate_batches([
+          evaluate_batch(classifier_params, params, x, y, evaluation.batch_key(config.seed, i))
+          for i, (x, y) in enumerate(batches)])
+      summary[name] = {protocol: float(np.mean(values))
+                       for protocol, values in per_example[name].items()}
       summary[name]["denoise_mse"] = float(np.mean([
           denoising(params, x, evaluation.batch_key(config.seed + 1, i))
           for i, (x, _) in enumerate(batches)]))
+    summary["paired_gain"] = {
+        f"{ours}_vs_{baseline}": {protocol: evaluation.paired_difference(
+            per_example[ours][protocol], per_example[baseline][protocol])
+                                  for protocol in evaluation.PROTOCOLS}
+        for ours, baseline in PAIRED_COMPARISONS
+        if ours in per_example and baseline in per_example}
     summary["num_images"] = config.eval.num_images
     return summary
 

@@ -88,6 +88,8 @@ def diffusion_experiment(config: ml_collections.ConfigDict, steps: int, *,
   model, apply = models.denoiser(config)
   _, classify_apply = models.classifier(config)
   schedule = models.make_schedule(config)
+  predict_x0 = models.x0_predictor(config, schedule, apply)
+  parameterization = config.model.parameterization
   optimizer = diffusion_optimizer(config, steps, finetune=finetune)
   a = config.addt
 
@@ -104,15 +106,16 @@ def diffusion_experiment(config: ml_collections.ConfigDict, steps: int, *,
     if finetune:
       frozen = jax.lax.stop_gradient(state["params"])
       noise, metrics = addt.training_noise(
-          lambda x, s: apply(frozen, x, s), lambda x: classify_apply(classifier_params, x),
+          lambda x, s: predict_x0(frozen, x, s), lambda x: classify_apply(classifier_params, x),
           schedule, x0, batch["label"], t, noise_key, perturbation=perturbation,
           scale=a.lambda_scale, maximum=a.lambda_max, iterations=a.cgpo_iterations)
     else:
       noise = jax.random.normal(noise_key, x0.shape, x0.dtype)
     x_t = schedules.q_sample(schedule, x0, t, noise)
+    target = schedules.target_for(schedule, t, x0, noise, parameterization)
 
     def loss(params):
-      return jnp.mean(jnp.square(apply(params, x_t, t) - noise))
+      return jnp.mean(jnp.square(apply(params, x_t, t) - target))
     value, grads = jax.value_and_grad(loss)(state["params"])
     updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
     params = optax.apply_updates(state["params"], updates)

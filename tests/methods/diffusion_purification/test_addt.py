@@ -37,11 +37,11 @@ def test_adversarial_weight_is_the_clipped_snr_formula():
 
 
 def toy_models():
-  """A linear 'denoiser' and a linear classifier on 4x4 single-channel images."""
+  """A linear x0 predictor and a linear classifier on 4x4 single-channel images."""
   weights = jnp.asarray(np.random.default_rng(0).normal(size=(16, 3)), jnp.float32)
-  denoise = lambda x, t: 0.5 * x
+  predict_x0 = lambda x, t: 0.8 * x
   classify = lambda x: x.reshape(x.shape[0], -1) @ weights
-  return denoise, classify
+  return predict_x0, classify
 
 
 def cgpo_inputs():
@@ -79,14 +79,12 @@ def test_cgpo_perturbation_raises_the_classifier_loss_over_random_gaussian_noise
   delta, _ = addt.cgpo(denoise, classify, SCHEDULE, x0, labels, t, weight, jax.random.key(1),
                        iterations=5, perturbation="addt")
   random_delta = jax.random.normal(jax.random.key(7), x0.shape)
-  alpha_bar = SCHEDULE.alphas_cumprod[t][:, None, None, None]
 
   def expected_loss(d):
     def loss(key):
       x_t = schedules.q_sample(SCHEDULE, x0, t, addt.mix_noise(
           jax.random.normal(key, x0.shape), d, weight))
-      x0_hat = (x_t - jnp.sqrt(1 - alpha_bar) * denoise(x_t, t)) / jnp.sqrt(alpha_bar)
-      return jnp.mean(models.cross_entropy(classify(x0_hat), labels))
+      return jnp.mean(models.cross_entropy(classify(denoise(x_t, t)), labels))
     return float(jnp.mean(jax.vmap(loss)(jax.random.split(jax.random.key(3), 256))))
   assert expected_loss(delta) > expected_loss(random_delta) + 0.1
 
@@ -166,3 +164,21 @@ def test_purifier_keys_fix_every_noise():
 def test_bad_configs_fail_with_the_key_named(overrides, key):
   with pytest.raises(config_lib.ConfigError, match=key.replace(".", r"\.")):
     reproduction.validate(smoke_config(**overrides))
+
+
+def test_an_x0_model_regresses_the_clean_image_and_an_eps_model_the_noise():
+  """Same update, same noise draw: only the regression target differs."""
+  eps_config = smoke_config()
+  x0_config = smoke_config(model={"parameterization": "x0"})
+  batch = {"image": jax.random.uniform(jax.random.key(0), (16, 8, 8, 1)) * 2 - 1,
+           "label": jnp.arange(16) % 10}
+  pretrained = models.denoiser(eps_config)[0].init(jax.random.key(3))
+  losses = {}
+  for name, config in (("eps", eps_config), ("x0", x0_config)):
+    experiment = training.diffusion_experiment(config, 3, perturbation="plain",
+                                               init_params=pretrained)
+    _, metrics = experiment.update(experiment.init(jax.random.key(0)), batch, jax.random.key(1))
+    losses[name] = float(metrics["loss"])
+  # A fresh model outputs 0: the eps loss is E|n|^2 = 1, the x0 loss E|x0|^2, same noise draw.
+  np.testing.assert_allclose(losses["x0"], float(jnp.mean(batch["image"] ** 2)), rtol=1e-5)
+  assert abs(losses["eps"] - 1.0) < 0.2
