@@ -3,6 +3,7 @@ through the sampler, PGD."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+from scipy import stats
 
 from jaxlab.diffusion import schedules
 from jaxlab.methods.diffusion_purification import attacks
@@ -14,12 +15,23 @@ def test_rbgm_is_a_permutation_of_a_gaussian_sample_in_the_guidance_order():
   guidance = jax.random.normal(jax.random.key(0), (3, 4, 5, 2))
   key = jax.random.key(1)
   delta = rbgm.rank_gaussian_map(guidance, key)
-  gaussian = np.sort(np.asarray(jax.random.normal(key, (3, 2, 20))), axis=-1)
+  gaussian = np.asarray(rbgm.sorted_gaussian(key, (3, 2, 20)))
   for b in range(3):
     for c in range(2):
       g, d = np.asarray(guidance[b, ..., c]).ravel(), np.asarray(delta[b, ..., c]).ravel()
       np.testing.assert_allclose(np.sort(d), gaussian[b, c], rtol=1e-6)   # same values
       np.testing.assert_array_equal(np.argsort(g), np.argsort(d))         # same order
+
+
+def test_sorted_gaussian_is_an_increasing_standard_normal_sample():
+  draws = np.asarray(rbgm.sorted_gaussian(jax.random.key(0), (64, 1024)))
+  assert np.all(np.diff(draws, axis=-1) >= 0)
+  assert stats.kstest(draws.ravel(), "norm").pvalue > 0.01
+  # The k-th value has the mean of the k-th order statistic (estimated by sorting draws).
+  reference = np.sort(np.random.default_rng(0).normal(size=(4000, 16)), axis=-1).mean(0)
+  ours = np.asarray(rbgm.sorted_gaussian(jax.random.key(1), (4000, 16))).mean(0)
+  np.testing.assert_allclose(ours, reference, atol=0.05)
+  assert stats.kstest(np.random.default_rng(1).uniform(size=1000), "norm").pvalue < 0.01
 
 
 def tiny_denoiser(weight):
