@@ -12,7 +12,8 @@ batch of `eval.batch_size` random images in [-1, 1]):
 * where one EOT attack step goes (each part jitted alone): a denoiser forward, the purifier
   forward (t* + 1 reverse steps), the purifier forward + gradient w.r.t. x of one EOT draw with
   and without rematerialisation, the classifier forward + gradient;
-* train steps/s of DDPM pretraining and of the plain and ADDT fine-tuning steps.
+* train steps/s of DDPM pretraining and of the plain, ADDT-without-RBGM and ADDT fine-tuning
+  steps, and the time of one RBGM call.
 
 FLOP counts: XLA's cost analysis counts a `lax.scan` body once, whatever its length, which would
 count one of the purifier's t* + 1 reverse steps (and one CGPO iteration of ADDT). The counts
@@ -39,6 +40,7 @@ from jaxlab.methods.diffusion_purification import attacks  # pylint: disable=g-i
 from jaxlab.methods.diffusion_purification import evaluation  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.diffusion_purification import models  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.diffusion_purification import purification  # pylint: disable=g-import-not-at-top
+from jaxlab.methods.diffusion_purification import rbgm  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.diffusion_purification import training  # pylint: disable=g-import-not-at-top
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -170,8 +172,11 @@ def main() -> None:
           "label": jax.random.randint(y_key, (train_batch,), 0, models.NUM_CLASSES, jnp.int32)}
   lines.append(f"\n| training step (batch {train_batch}) | steps/s | GFLOP/step | GFLOP/s | "
                "% of peak |\n|---|---|---|---|---|\n")
+  iterations = config.addt.cgpo_iterations
   runs = [("DDPM pretraining", None), ("plain fine-tuning", "plain"),
-          (f"ADDT fine-tuning (CGPO {config.addt.cgpo_iterations} iterations + RBGM)", "addt")]
+          (f"ADDT without RBGM (CGPO {iterations} iterations, standardised guidance)",
+           "addt_no_rbgm"),
+          (f"ADDT fine-tuning (CGPO {iterations} iterations + RBGM)", "addt")]
   for name, perturbation in runs:
     if perturbation is None:
       experiment = training.diffusion_experiment(config, config.train.steps)
@@ -186,6 +191,12 @@ def main() -> None:
     lines.append(f"| {name} | {1 / seconds:.1f} | {flops / 1e9:.3f} | "
                  f"{flops / seconds / 1e9:.1f} | {100 * flops / seconds / 1e9 / peak:.1f}% |\n")
     print(lines[-1], end="", flush=True)
+  guidance = jax.random.normal(x_key, data["image"].shape)
+  rbgm_ms = 1e3 * time_call(jax.jit(rbgm.rank_gaussian_map), guidance, rng, repeats=30)
+  lines.append(f"\nRBGM alone on one training batch ({train_batch} x {image_shape}): "
+               f"{rbgm_ms:.1f} ms per call, {iterations} calls per ADDT step (one argsort of "
+               f"{config.data.size ** 2} values per image and channel; XLA's CPU sort).\n")
+  print(lines[-1], end="", flush=True)
   publish(lines, append=not args.no_append)
 
 

@@ -216,9 +216,9 @@ def plot(summary: dict[str, Any], examples: dict[str, np.ndarray] | None = None)
   reference = summary["no_defence"]["robust_acc_pgd"]
   axis.axhline(reference, color="grey", linestyle=":", label=f"no defence, PGD ({reference:.2f})")
   axis.set_xticks(np.arange(len(names)), names)
-  axis.set_ylim(0, 1.05)
+  axis.set_ylim(0, 1.22)
   axis.set_ylabel("accuracy")
-  axis.legend(fontsize=7, loc="upper right")
+  axis.legend(fontsize=7, loc="upper center", ncol=4, frameon=False)
   axis.set_title(f"Digits, {summary['num_images']} test images: purification under attack")
   if examples:
     keys = list(examples)
