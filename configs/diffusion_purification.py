@@ -9,8 +9,9 @@ white-box (EOT 10) and the Deterministic White-Box. results/diffusion_purificati
 whether DW-box robustness is far below EOT robustness and whether ADDT raises both. Discussed in
 jaxlab/methods/diffusion_purification/README.md.
 
-Presets: smoke (tests, seconds), quick (the CPU reproduction), paper (the UNet denoiser, T =
-1000 and longer training: GPU scale).
+Presets: smoke (tests, seconds), quick (the CPU reproduction), paper (the paper's settings on
+digits: eps-predicting UNet, linear schedule, T = 1000, t* = 0.1 T, eps = 16/255 in [-1, 1]
+units, lambda scale 0.03, longer training: GPU scale).
 """
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   if preset == "paper":
     c.model.denoiser = "unet"
-    c.diffusion.update(dict(num_steps=1000, t_star=100))
+    c.diffusion.update(dict(schedule="linear", num_steps=1000, t_star=100))
   elif preset == "quick":
     # Digits are upsampled to 32x32 (see the method README): an L-inf budget of 0.15 in [-1, 1]
     # units leaves the undefended classifier about a third of its accuracy. t* is set so the
