@@ -100,14 +100,20 @@ def train_all(config: ml_collections.ConfigDict, workdir: str
 
 
 def test_batches(config: ml_collections.ConfigDict):
-  """[(x, y)] of the first `eval.num_images` test images (stratified, fixed order), sharded."""
+  """[(x, y)] global batches of the first `eval.num_images` test images (a fixed random order),
+  sharded over the data axis; on a pod each process contributes its contiguous slice."""
   test = models_lib.load_split(config, "test")
   order = np.random.default_rng(config.data.seed).permutation(len(test["label"]))
   order = order[:config.eval.num_images]
   mesh = parallel.make_mesh(config.mesh)
   size = config.eval.batch_size
-  return [parallel.shard_batch((test["image"][order[i:i + size]], test["label"][order[i:i + size]]),
-                               mesh) for i in range(0, len(order), size)]
+  local = size // jax.process_count()
+  start = jax.process_index() * local
+  batches = []
+  for i in range(0, len(order), size):
+    rows = order[i:i + size][start:start + local]
+    batches.append(parallel.shard_batch((test["image"][rows], test["label"][rows]), mesh))
+  return batches
 
 
 def evaluate(config: ml_collections.ConfigDict, classifier_params: Any,
