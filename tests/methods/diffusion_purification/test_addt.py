@@ -182,3 +182,16 @@ def test_an_x0_model_regresses_the_clean_image_and_an_eps_model_the_noise():
   # A fresh model outputs 0: the eps loss is E|n|^2 = 1, the x0 loss E|x0|^2, same noise draw.
   np.testing.assert_allclose(losses["x0"], float(jnp.mean(batch["image"] ** 2)), rtol=1e-5)
   assert abs(losses["eps"] - 1.0) < 0.2
+
+
+def test_the_addt_claim_needs_paired_gains_beyond_two_standard_errors():
+  def summary(gain, stderr):
+    protocol = {"clean_acc": 0.9, "robust_acc_eot": 0.6, "robust_acc_dwbox": 0.5}
+    paired = {p: {"mean": gain, "stderr": stderr} for p in evaluation.PROTOCOLS}
+    return {"no_defence": {"robust_acc_pgd": 0.3}, "pretrained": protocol, "plain": protocol,
+            "addt": protocol, "paired_gain": {"addt_vs_plain": paired}}
+  holds = lambda s: {c["name"]: c["holds"] for c in reproduction.claims(s)[0]}
+  assert holds(summary(0.05, 0.01))["addt_raises_robustness"]
+  assert not holds(summary(0.004, 0.008))["addt_raises_robustness"]
+  # pretrained: DW-box gain 0.2 vs EOT gain 0.3 over the undefended 0.3: not the main driver.
+  assert not holds(summary(0.05, 0.01))["stochasticity_is_the_main_driver"]
