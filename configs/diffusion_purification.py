@@ -2,7 +2,7 @@
 (Liu et al., ICLR 2025).
 
 COMMAND: python -m experiments.diffusion_purification --config=configs/diffusion_purification.py:quick
-EXPECTED (quick, 2 CPU cores, ~15 min): an MLP classifier and a DDPM (T = 100, cosine) trained on
+EXPECTED (quick, 2 CPU cores, ~16 min): an MLP classifier and a DDPM (T = 100, cosine) trained on
 scikit-learn digits upsampled to 32x32; the DDPM fine-tuned three ways with the same budget (plain
 noise, ADDT without RBGM, ADDT); each purifier (t* = 0.4 T) attacked with PGD-20 L-inf under the stochastic
 white-box (EOT 10) and the Deterministic White-Box. results/diffusion_purification.json says
