@@ -1,6 +1,7 @@
 """Timing helpers shared by the benchmark scripts (run by hand, never by the tests)."""
 from __future__ import annotations
 
+import argparse
 import datetime
 import os
 import pathlib
@@ -9,8 +10,24 @@ import time
 
 import jax
 import jax.numpy as jnp
+import ml_collections
+
+from jaxlab.core import config as config_lib
+from jaxlab.core import host
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "RESULTS.md"
+CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
+
+
+def preset_command_line(slug: str) -> tuple[argparse.Namespace, ml_collections.ConfigDict]:
+  """The command line of a benchmark that times one preset of configs/<slug>.py: `--preset`
+  (default quick) and `--no-append`; tunes the allocator and returns (args, config)."""
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--preset", default="quick")
+  parser.add_argument("--no-append", action="store_true")
+  args = parser.parse_args()
+  host.tune_allocator()
+  return args, config_lib.load_config(CONFIGS / f"{slug}.py", args.preset)
 
 
 def time_call(fn, *args, repeats: int) -> float:

@@ -22,7 +22,6 @@ they are the FLOPs actually executed; the XLA count with the scans rolled is sho
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import functools
 import pathlib
@@ -33,9 +32,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
-from benchmarks.common import publish, machine, matmul_peak, time_call, xla_flops  # pylint: disable=g-import-not-at-top
-from jaxlab.core import config as config_lib  # pylint: disable=g-import-not-at-top
-from jaxlab.core import host  # pylint: disable=g-import-not-at-top
+from benchmarks.common import publish, machine, matmul_peak, preset_command_line, time_call, xla_flops  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.diffusion_purification import attacks  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.diffusion_purification import evaluation  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.diffusion_purification import models  # pylint: disable=g-import-not-at-top
@@ -43,7 +40,6 @@ from jaxlab.methods.diffusion_purification import purification  # pylint: disabl
 from jaxlab.methods.diffusion_purification import rbgm  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.diffusion_purification import training  # pylint: disable=g-import-not-at-top
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 @contextlib.contextmanager
@@ -70,12 +66,7 @@ def perturbed(params, key, scale: float = 0.01):
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser()
-  parser.add_argument("--preset", default="quick")
-  parser.add_argument("--no-append", action="store_true")
-  args = parser.parse_args()
-  host.tune_allocator()
-  config = config_lib.load_config(ROOT / "configs" / "diffusion_purification.py", args.preset)
+  args, config = preset_command_line("diffusion_purification")
   m, d, a = config.model, config.diffusion, config.attack
   batch, eot, t_star = config.eval.batch_size, a.eot, d.t_star
   rng = jax.random.key(0)

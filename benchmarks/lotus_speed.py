@@ -11,7 +11,6 @@ Prints, and appends to benchmarks/RESULTS.md:
 """
 from __future__ import annotations
 
-import argparse
 import pathlib
 import sys
 
@@ -20,22 +19,13 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
-from benchmarks.common import publish, machine, matmul_peak, time_call, xla_flops  # pylint: disable=g-import-not-at-top
-from jaxlab.core import config as config_lib  # pylint: disable=g-import-not-at-top
-from jaxlab.core import host  # pylint: disable=g-import-not-at-top
+from benchmarks.common import publish, machine, matmul_peak, preset_command_line, time_call, xla_flops  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.lotus import training  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.lotus import variants  # pylint: disable=g-import-not-at-top
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-
 
 def main() -> None:
-  parser = argparse.ArgumentParser()
-  parser.add_argument("--preset", default="quick")
-  parser.add_argument("--no-append", action="store_true")
-  args = parser.parse_args()
-  host.tune_allocator()
-  config = config_lib.load_config(ROOT / "configs" / "lotus.py", args.preset)
+  args, config = preset_command_line("lotus")
   size, batch = config.data.size, config.train.batch_size
   rng = jax.random.key(0)
   data = {"image": jax.random.uniform(rng, (batch, size, size, 3)) * 2 - 1,
