@@ -53,6 +53,19 @@ def seconds_per_update(update, state, batch, steps: int) -> float:
   return (time.perf_counter() - start) / steps
 
 
+def train_step_row(label: str, experiment, batch, rng, *, peak: float, repeats: int,
+                   count_flops=None) -> str:
+  """A `| label | steps/s | GFLOP/step | GFLOP/s | % of peak |` row for one jitted
+  `experiment.update` on `batch`; `count_flops(fn, *args)` defaults to `xla_flops`."""
+  state = experiment.init(rng)
+  update = jax.jit(experiment.update)
+  seconds = time_call(lambda: update(state, batch, rng)[1]["loss"], repeats=repeats)
+  flops = (count_flops or xla_flops)(experiment.update, state, batch, rng)
+  gflops = flops / seconds / 1e9
+  return (f"| {label} | {1 / seconds:.1f} | {flops / 1e9:.3f} | {gflops:.1f} | "
+          f"{100 * gflops / peak:.1f}% |\n")
+
+
 def matmul_peak(dtype, size: int = 2048, repeats: int = 10) -> float:
   """GFLOP/s of a jitted size x size `jnp.dot`: the machine's practical peak."""
   a = jax.random.normal(jax.random.key(0), (size, size), dtype)

@@ -32,7 +32,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
-from benchmarks.common import publish, machine, matmul_peak, preset_command_line, time_call, xla_flops  # pylint: disable=g-import-not-at-top
+from benchmarks.common import publish, machine, matmul_peak, preset_command_line, time_call, train_step_row, xla_flops  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.diffusion_purification import attacks  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.diffusion_purification import evaluation  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.diffusion_purification import models  # pylint: disable=g-import-not-at-top
@@ -175,12 +175,8 @@ def main() -> None:
       experiment = training.diffusion_experiment(
           config, config.train.steps, perturbation=perturbation, init_params=denoiser_init,
           classifier_params=classifier_init)
-    state = experiment.init(rng)
-    update = jax.jit(experiment.update)
-    seconds = time_call(lambda: update(state, data, rng)[1]["loss"], repeats=30)
-    flops = unrolled_flops(experiment.update, state, data, rng)
-    lines.append(f"| {name} | {1 / seconds:.1f} | {flops / 1e9:.3f} | "
-                 f"{flops / seconds / 1e9:.1f} | {100 * flops / seconds / 1e9 / peak:.1f}% |\n")
+    lines.append(train_step_row(name, experiment, data, rng, peak=peak, repeats=30,
+                                count_flops=unrolled_flops))
     print(lines[-1], end="", flush=True)
   guidance = jax.random.normal(x_key, data["image"].shape)
   rbgm_ms = 1e3 * time_call(jax.jit(rbgm.rank_gaussian_map), guidance, rng, repeats=30)

@@ -19,7 +19,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
-from benchmarks.common import publish, machine, matmul_peak, preset_command_line, time_call, xla_flops  # pylint: disable=g-import-not-at-top
+from benchmarks.common import publish, machine, matmul_peak, preset_command_line, time_call, train_step_row  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.lotus import training  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.lotus import variants  # pylint: disable=g-import-not-at-top
 
@@ -38,12 +38,7 @@ def main() -> None:
            "| step | steps/s | GFLOP/step | GFLOP/s | % of peak |\n|---|---|---|---|---|\n"]
   for name in [None, *variants.VARIANTS]:
     experiment = training.make_experiment(config, variant=name, task="depth")
-    state = experiment.init(rng)
-    update = jax.jit(experiment.update)
-    seconds = time_call(lambda: update(state, data, rng)[1]["loss"], repeats=5)
-    flops = xla_flops(experiment.update, state, data, rng)
-    lines.append(f"| {name or 'prior'} | {1 / seconds:.1f} | {flops / 1e9:.2f} | "
-                 f"{flops / seconds / 1e9:.1f} | {100 * flops / seconds / 1e9 / peak:.1f}% |\n")
+    lines.append(train_step_row(name or "prior", experiment, data, rng, peak=peak, repeats=5))
     print(lines[-1], end="", flush=True)
 
   lines.append("\n| variant | inference images/s | network calls per image |\n|---|---|---|\n")
