@@ -49,7 +49,7 @@ def test_non_causal_attention_sees_the_future():
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("length,head_dim", [(6, 8), (12, 2)])   # both code paths
 def test_linear_attention_equals_its_quadratic_form(causal, length, head_dim):
-  q, k, v = (jax.random.normal(jax.random.key(i), (2, length, 3, head_dim)) for i in range(3))
+  q, k, v = (jax.random.normal(jax.random.key(i), (2, 3, length, head_dim)) for i in range(3))
   np.testing.assert_allclose(attention.linear_mix(q, k, v, causal),
                              attention.linear_mix_quadratic(q, k, v, causal),
                              rtol=1e-5, atol=1e-5)
