@@ -55,6 +55,34 @@ def test_linear_attention_equals_its_quadratic_form(causal, length, head_dim):
                              rtol=1e-5, atol=1e-5)
 
 
+def explicit_mix(q, k, v, softmax, causal):
+  """The textbook formula on head-major [B, H, L, Dh], differentiated by autodiff."""
+  scores = jnp.einsum("bhtd,bhsd->bhts", q, k) / np.sqrt(q.shape[-1])
+  mask = np.tril(np.ones((q.shape[2], k.shape[2]), bool)) if causal else None
+  if softmax:
+    weights = jax.nn.softmax(scores if mask is None else jnp.where(mask, scores, -jnp.inf), -1)
+  else:
+    weights = scores if mask is None else jnp.where(mask, scores, 0.0)
+  return jnp.einsum("bhts,bhsd->bhtd", weights, v)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("softmax", [True, False])
+def test_attention_mix_value_and_gradient_match_the_explicit_formula(softmax, causal):
+  with jax.enable_x64(True):
+    q, k, v, cotangent = (jax.random.normal(jax.random.key(i), (2, 3, 7, 4), jnp.float64)
+                          for i in range(4))
+    mix = attention.softmax_mix if softmax else attention.linear_mix_quadratic
+    loss = lambda f: lambda q, k, v: jnp.sum(cotangent * f(q, k, v))
+    np.testing.assert_allclose(mix(q, k, v, causal), explicit_mix(q, k, v, softmax, causal),
+                               rtol=1e-12, atol=1e-12)
+    ours = jax.grad(loss(lambda *a: mix(*a, causal)), argnums=(0, 1, 2))(q, k, v)
+    reference = jax.grad(loss(lambda *a: explicit_mix(*a, softmax, causal)),
+                         argnums=(0, 1, 2))(q, k, v)
+    for got, want in zip(ours, reference):
+      np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
 def test_long_convolution_implementations_agree_and_match_a_loop():
   v = jax.random.normal(jax.random.key(0), (2, 9, 4))
   kernel = jax.random.normal(jax.random.key(1), (12, 4))
