@@ -5,7 +5,6 @@ picks how queries, keys and values are mixed. Both kinds can be causal.
 """
 from __future__ import annotations
 
-import functools
 import math
 from typing import Callable
 
@@ -23,71 +22,30 @@ def causal_mask(length: int) -> jax.Array:
 
 
 def _batched_matmul(a: jax.Array, b: jax.Array) -> jax.Array:
-  """[..., M, K] @ [..., K, N] as one dot_general with leading batch dimensions."""
+  """[..., M, K] @ [..., K, N] as one dot_general with leading batch dimensions.
+
+  Heads are kept batch-major (`[B, H, L, Dh]`), so every product is a plain batched matmul:
+  XLA:CPU runs those fast, whereas the `[B, L, H, Dh]` einsums made it transpose q, k, v, the
+  scores and their gradients around each tiny per-head product (2x slower training steps).
+  """
   batch = tuple(range(a.ndim - 2))
   return jax.lax.dot_general(a, b, (((a.ndim - 1,), (b.ndim - 2,)), (batch, batch)))
 
 
-def _batched_matmul_nt(a: jax.Array, b: jax.Array) -> jax.Array:
-  """[..., M, K] @ [..., N, K]^T."""
-  batch = tuple(range(a.ndim - 2))
-  return jax.lax.dot_general(a, b, (((a.ndim - 1,), (b.ndim - 1,)), (batch, batch)))
-
-
-def _transposed_copy(x: jax.Array) -> jax.Array:
-  """x with its last two axes swapped, materialised: the barrier stops XLA from folding the
-  transpose back into the next dot, which XLA:CPU runs 2x slower in that (transposed) form."""
-  return jax.lax.optimization_barrier(jnp.swapaxes(x, -1, -2))
-
-
-def _mix_weights(scores: jax.Array, softmax: bool, causal: bool) -> jax.Array:
-  if softmax:
-    if causal:
-      scores = jnp.where(causal_mask(scores.shape[-2]), scores, -jnp.inf)
-    return jax.nn.softmax(scores, axis=-1)
-  return jnp.where(causal_mask(scores.shape[-2]), scores, 0.0) if causal else scores
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _quadratic_mix(q, k, v, softmax: bool, causal: bool):
-  """weights(q k^T / sqrt(Dh)) v on head-major `[B, H, L, Dh]`; weights = softmax or (masked)
-  identity.
-
-  Heads are batch-major so that every product is a plain batched matmul, and the gradient is
-  written out (`_quadratic_mix_bwd`) so that each of its four products is one too. Autodiff's
-  gradient used two transposed-operand products instead, and together with the `[B, L, H, Dh]`
-  layout made XLA:CPU's training step 2x slower. Reverse mode only (a `custom_vjp`).
-  """
-  return _quadratic_mix_fwd(q, k, v, softmax, causal)[0]
-
-
-def _quadratic_mix_fwd(q, k, v, softmax, causal):
-  scaled_q = q * jnp.asarray(1.0 / math.sqrt(q.shape[-1]), q.dtype)
-  weights = _mix_weights(_batched_matmul_nt(scaled_q, k), softmax, causal)
-  out = _batched_matmul(weights, v)
-  return out, (scaled_q, k, v, weights, out)
-
-
-def _quadratic_mix_bwd(softmax, causal, residuals, d_out):
-  scaled_q, k, v, weights, out = residuals
-  d_v = _batched_matmul(_transposed_copy(weights), d_out)
-  d_weights = _batched_matmul_nt(d_out, v)
-  if softmax:
-    # d softmax: w * (dw - sum_j w_j dw_j); sum_j w_j dw_j = d_out . out per query.
-    d_scores = weights * (d_weights - jnp.sum(d_out * out, axis=-1, keepdims=True))
-  else:
-    d_scores = jnp.where(causal_mask(weights.shape[-2]), d_weights, 0.0) if causal else d_weights
-  d_q = _batched_matmul(d_scores, k) * jnp.asarray(1.0 / math.sqrt(k.shape[-1]), k.dtype)
-  d_k = _batched_matmul(_transposed_copy(d_scores), scaled_q)
-  return d_q, d_k, d_v
-
-
-_quadratic_mix.defvjp(_quadratic_mix_fwd, _quadratic_mix_bwd)
+def _scores(q: jax.Array, k: jax.Array) -> jax.Array:
+  """q k^T / sqrt(Dh) on `[..., L, Dh]` -> `[..., Lq, Lk]`."""
+  batch = tuple(range(q.ndim - 2))
+  # Scaling q (L x Dh per head) is cheaper than scaling the L x L scores.
+  q = q * jnp.asarray(1.0 / math.sqrt(q.shape[-1]), q.dtype)
+  return jax.lax.dot_general(q, k, (((q.ndim - 1,), (k.ndim - 1,)), (batch, batch)))
 
 
 def softmax_mix(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool) -> jax.Array:
   """softmax(q k^T / sqrt(Dh)) v on head-major `[B, H, L, Dh]`."""
-  return _quadratic_mix(q, k, v, True, causal)
+  scores = _scores(q, k)
+  if causal:
+    scores = jnp.where(causal_mask(q.shape[-2]), scores, -jnp.inf)
+  return _batched_matmul(jax.nn.softmax(scores, axis=-1), v)
 
 
 def linear_mix(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool) -> jax.Array:
@@ -108,7 +66,10 @@ def linear_mix(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool) -> jax.Ar
 
 def linear_mix_quadratic(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool) -> jax.Array:
   """The explicit O(L^2) form of `linear_mix`: (mask * q k^T / sqrt(Dh)) v."""
-  return _quadratic_mix(q, k, v, False, causal)
+  scores = _scores(q, k)
+  if causal:
+    scores = jnp.where(causal_mask(q.shape[-2]), scores, 0.0)
+  return _batched_matmul(scores, v)
 
 
 MIXES: dict[str, Callable[..., jax.Array]] = {"softmax": softmax_mix, "linear": linear_mix}
