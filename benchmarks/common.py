@@ -41,16 +41,21 @@ def time_call(fn, *args, repeats: int) -> float:
   return sorted(times)[len(times) // 2]
 
 
-def seconds_per_update(update, state, batch, steps: int) -> float:
+def seconds_per_update(update, state, batch, steps: int, windows: int = 1) -> float:
   """Steady-state seconds per call of a jitted `update(state, batch, key)` that
-  donates its state: one warm-up call, then `steps` timed calls."""
+  donates its state: one warm-up call, then `steps` timed calls split into `windows` equal
+  windows; the median window's rate (robust to a noisy shared machine)."""
   state, metrics = update(state, batch, jax.random.key(10_000))
   jax.block_until_ready(metrics)
-  start = time.perf_counter()
-  for i in range(steps):
-    state, metrics = update(state, batch, jax.random.key(i))
-  jax.block_until_ready(metrics)
-  return (time.perf_counter() - start) / steps
+  per_window = max(1, steps // windows)
+  times = []
+  for window in range(windows):
+    start = time.perf_counter()
+    for i in range(per_window):
+      state, metrics = update(state, batch, jax.random.key(window * per_window + i))
+    jax.block_until_ready(metrics)
+    times.append((time.perf_counter() - start) / per_window)
+  return sorted(times)[len(times) // 2]
 
 
 def train_step_row(label: str, experiment, batch, rng, *, peak: float, repeats: int,

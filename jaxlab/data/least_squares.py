@@ -111,3 +111,17 @@ def load(builder_config: tfds.core.BuilderConfig, data_dir: str | None = None
   builder_cls = (LeastSquaresProblems if isinstance(builder_config, LeastSquaresConfig)
                  else GaussianSequences)
   return pipeline.build(builder_cls, builder_config, data_dir)
+
+
+_SPLITS: dict[tuple[str, str, str | None, str], pipeline.InMemorySource] = {}
+
+
+def in_memory_split(builder_config: tfds.core.BuilderConfig, split: str,
+                    data_dir: str | None = None) -> pipeline.InMemorySource:
+  """A split held in memory, read once per process: a reproduction's variants share their
+  dataset, and re-reading it from disk for each took seconds. The config name encodes every
+  parameter, so it identifies the data; the arrays are only ever read."""
+  key = (type(builder_config).__name__, builder_config.name, data_dir, split)
+  if key not in _SPLITS:
+    _SPLITS[key] = pipeline.data_source(load(builder_config, data_dir), split)
+  return _SPLITS[key]

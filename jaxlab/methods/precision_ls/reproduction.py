@@ -14,7 +14,6 @@ import numpy as np
 from jaxlab.core import config as config_lib
 from jaxlab.core import results
 from jaxlab.data import least_squares
-from jaxlab.data import pipeline
 from jaxlab.methods.precision_ls import evaluation
 from jaxlab.methods.precision_ls import handset
 from jaxlab.methods.precision_ls import tasks
@@ -67,8 +66,8 @@ def variant_config(config: ml_collections.ConfigDict, name: str) -> ml_collectio
 def test_batch(config: ml_collections.ConfigDict) -> dict[str, jax.Array]:
   """The first `eval.num_problems` examples of the task's test split, in the run's dtype."""
   task = training.make_task(config)
-  builder = least_squares.load(training.builder_config(config, task), config.data.data_dir)
-  source = pipeline.data_source(builder, "test")
+  source = least_squares.in_memory_split(training.builder_config(config, task), "test",
+                                         config.data.data_dir)
   count = min(config.eval.num_problems, len(source))
   batch = source.__getitems__(list(range(count)))
   return jax.tree.map(lambda x: jnp.asarray(x, training.dtype_of(config)), batch)

@@ -1,7 +1,6 @@
 """Model, loss, update and evaluation of one training run, packaged as an `Experiment`."""
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
@@ -118,10 +117,7 @@ def make_experiment(config: ml_collections.ConfigDict,
     return {"mse": loss_fn(state["params"], cast(batch))}
 
   source_config = builder_config(config, task)
-
-  @functools.cache
-  def split(name: str):
-    return pipeline.data_source(least_squares.load(source_config, config.data.data_dir), name)
+  split = lambda name: least_squares.in_memory_split(source_config, name, config.data.data_dir)
 
   def train_data(process_index: int, process_count: int):
     return pipeline.grain_pipeline(split("train"), batch_size=config.train.batch_size,
