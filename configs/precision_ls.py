@@ -100,7 +100,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       c.variants[name].train.update(dict(steps=1000, batch_size=64))
     for name in ("continue_recipe", "continue_plain"):
       c.variants[name].train.steps = 2000
-    c.eval.update(dict(num_batches=4, num_problems=512))
+    c.eval.update(dict(num_batches=4))
   elif preset == "smoke":
     c.data.update(dict(d=2, n=4, length=6, width=4, num_train=256, num_test=64))
     c.model.update(dict(width=16, depth=2))
