@@ -11,7 +11,9 @@ steps/s (BaseConv f32 / f64) and 13.0 / 5.5 (softmax f32 / f64); that machine's 
 peak is about 470 GFLOP/s. "Ceiling" is the rate at which the step's FLOPs would run at this
 machine's matmul peak: no implementation can exceed it. "PyTorch here" is
 `precision_ls_torch_reference.py`, the same step in PyTorch on this machine (its last run is
-quoted; torch is not a jaxlab dependency).
+quoted; torch is not a jaxlab dependency). "Microbatch" rows compute the same batch-1024 gradient
+as 8 accumulated microbatches of 128 (`jaxlab/core/microbatch.py`): each microbatch's activations
+fit the 2 MiB of per-core L2 cache, which the whole batch's do not.
 """
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ TORCH_HERE_STEPS_PER_S = {("baseconv", "float32"): 3.7, ("baseconv", "float64"):
                           ("softmax", "float32"): 8.7, ("softmax", "float64"): 3.1}
 
 
-def step_config(arch: str, conv_impl: str, precision: str, batch: int):
+def step_config(arch: str, conv_impl: str, precision: str, batch: int, microbatch: int = 0):
   c = config_lib.load_config(
       pathlib.Path(__file__).resolve().parents[1] / "configs" / "precision_ls.py", "quick")
   mixer = "baseconv" if arch == "baseconv" else "softmax_attention"
@@ -50,20 +52,23 @@ def step_config(arch: str, conv_impl: str, precision: str, batch: int):
                     use_mlp=False, use_layernorm=False, final_layernorm=False,
                     conv_impl=conv_impl),
       "optim": dict(eps=1e-16, ema_strength=2.0, schedule="adaptive"),
-      "train": dict(batch_size=batch)})
+      "train": dict(batch_size=batch, microbatch=microbatch)})
 
 
 def step_flops(config, state, batch_data) -> float:
   """FLOPs of one step as XLA counts them, without the gradient-statistics branch (which the
-  cost analysis would count although it runs only every `stats_every` steps)."""
-  config = config_lib.with_overrides(config, {"optim": {"schedule": "step"}})
+  cost analysis would count although it runs only every `stats_every` steps), counted on the
+  whole-batch step (XLA counts a scan's body once, so a microbatched step would read 1/8)."""
+  config = config_lib.with_overrides(config, {"optim": {"schedule": "step"},
+                                              "train": {"microbatch": 0}})
   update = jax.jit(training.make_experiment(config).update)
   compiled = update.lower(state, batch_data, jax.random.key(2)).compile()
   return (compiled.cost_analysis() or {}).get("flops", float("nan"))
 
 
-def bench_step(arch: str, conv_impl: str, precision: str, batch: int, steps: int):
-  config = step_config(arch, conv_impl, precision, batch)
+def bench_step(arch: str, conv_impl: str, precision: str, batch: int, steps: int,
+               microbatch: int = 0):
+  config = step_config(arch, conv_impl, precision, batch, microbatch)
   dtype = training.dtype_of(config)
   with jax.enable_x64(precision == "float64"):
     experiment = training.make_experiment(config)
@@ -81,6 +86,8 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--steps", type=int, default=40)
   parser.add_argument("--batch", type=int, default=1024)
+  parser.add_argument("--microbatch", type=int, default=128,
+                      help="the accumulated-microbatch rows' microbatch size")
   parser.add_argument("--no-append", action="store_true")
   args = parser.parse_args()
   host.tune_allocator()
@@ -88,14 +95,17 @@ def main() -> None:
   with jax.enable_x64(True):
     peak = {"float32": matmul_peak(jnp.float32), "float64": matmul_peak(jnp.float64)}
   rows = []
-  for arch, impl in (("baseconv", "toeplitz"), ("baseconv", "fft"), ("softmax", "-")):
+  settings = [("baseconv", "toeplitz", 0), ("baseconv", "toeplitz", args.microbatch),
+              ("baseconv", "fft", args.microbatch), ("softmax", "-", 0),
+              ("softmax", "-", args.microbatch)]
+  for arch, impl, microbatch in settings:
     for precision in ("float32", "float64"):
       steps_per_s, flops = bench_step(arch, impl if impl != "-" else "toeplitz", precision,
-                                      args.batch, args.steps)
+                                      args.batch, args.steps, microbatch)
       gflops = flops * steps_per_s / 1e9
       key = (arch, precision)
       rows.append(
-          f"| {arch} | {impl} | {precision} | {steps_per_s:.1f} | "
+          f"| {arch} | {impl} | {microbatch or '-'} | {precision} | {steps_per_s:.1f} | "
           f"{peak[precision] * 1e9 / flops:.0f} | {TORCH_HERE_STEPS_PER_S[key]:.1f} | "
           f"{steps_per_s / TORCH_HERE_STEPS_PER_S[key]:.1f}x | {OFFICIAL_STEPS_PER_S[key]:.1f} | "
           f"{steps_per_s / OFFICIAL_STEPS_PER_S[key]:.1f}x | {gflops:.1f} | "
@@ -107,9 +117,10 @@ def main() -> None:
             f"Matmul peak (jitted 2048x2048 jnp.dot): {peak['float32']:.0f} GFLOP/s float32, "
             f"{peak['float64']:.0f} GFLOP/s float64. Steps/s: median of 4 windows of "
             f"{args.steps // 4} steps.\n\n"
-            "| model | long conv | dtype | steps/s | ceiling (FLOPs at matmul peak) | "
-            "PyTorch here | vs PyTorch here | official (other machine) | vs official | "
-            "GFLOP/s | % of matmul peak |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+            "| model | long conv | microbatch | dtype | steps/s | "
+            "ceiling (FLOPs at matmul peak) | PyTorch here | vs PyTorch here | "
+            "official (other machine) | vs official | GFLOP/s | % of matmul peak |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
   table = header + "".join(rows)
   print(table)
   if not args.no_append:

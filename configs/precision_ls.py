@@ -49,6 +49,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.train.update(dict(steps=2_500_000, batch_size=1024, log_every=1000, eval_every=50_000,
                       ckpt_every=50_000))
   c.train.init_from = ""   # a variant may start from another variant's final parameters
+  c.train.microbatch = 0    # > 0: gradients accumulated over microbatches of this size
   c.eval.update(dict(batch_size=256, num_batches=4, num_problems=1024,
                      handset_iterations=300, learned_iterations=200, iterate_step_size=0.5))
 

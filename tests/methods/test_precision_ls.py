@@ -187,6 +187,29 @@ def test_training_reduces_the_loss_on_the_multiply_primitive():
   assert isinstance(state["opt_state"], tuple) and optax.global_norm(state["params"]) > 0
 
 
+def test_a_microbatched_update_equals_the_whole_batch_update(x64):
+  def one_update(microbatch):
+    c = config_lib.with_overrides(config_lib.load_config(CONFIG, "smoke"),
+                                  dict(train=dict(batch_size=16, microbatch=microbatch)))
+    experiment = training.make_experiment(c)
+    batch = training.make_task(c).sample(jax.random.key(1), 16, jnp.float64)
+    state, metrics = jax.jit(experiment.update)(experiment.init(jax.random.key(0)), batch,
+                                                jax.random.key(2))
+    return state["params"], metrics["loss"]
+
+  (whole, whole_loss), (split, split_loss) = one_update(0), one_update(4)
+  np.testing.assert_allclose(split_loss, whole_loss, rtol=1e-13)
+  for a, b in zip(jax.tree.leaves(split), jax.tree.leaves(whole)):
+    np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-13)
+
+
+def test_a_microbatch_that_does_not_divide_the_batch_is_refused_by_name():
+  c = config_lib.with_overrides(config_lib.load_config(CONFIG, "smoke"),
+                                dict(train=dict(batch_size=16, microbatch=5)))
+  with pytest.raises(config_lib.ConfigError, match="train.microbatch"):
+    training.make_experiment(c)
+
+
 def test_summarize_computes_claims_from_the_numbers():
   from jaxlab.methods.precision_ls import reproduction  # pylint: disable=g-import-not-at-top
   reference = {"handset_iterated_mse": 2e-14, "handset_grad_mse": 1e-31,

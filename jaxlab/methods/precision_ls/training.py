@@ -9,6 +9,7 @@ import ml_collections
 import optax
 
 from jaxlab.core import config as config_lib
+from jaxlab.core import microbatch
 from jaxlab.core import train_loop
 from jaxlab.data import least_squares
 from jaxlab.data import pipeline
@@ -74,6 +75,10 @@ def make_experiment(config: ml_collections.ConfigDict,
   optimiser and schedule states start fresh.
   """
   recipe.validate(config.optim)
+  size = config.train.microbatch
+  config_lib.require(size >= 0 and (size == 0 or config.train.batch_size % size == 0),
+                     "train.microbatch",
+                     f"{size} does not divide the batch size {config.train.batch_size}")
   task = make_task(config)
   model = make_model(config, task)
   dtype = dtype_of(config)
@@ -91,7 +96,7 @@ def make_experiment(config: ml_collections.ConfigDict,
 
   def update(state, batch, rng):
     params = state["params"]
-    loss, grads = jax.value_and_grad(loss_fn)(params, cast(batch))
+    loss, grads = microbatch.value_and_grad(loss_fn, config.train.microbatch)(params, cast(batch))
     grad_norm = optax.global_norm(grads)
     skip = recipe.should_skip(grad_norm, optim.skip_norm)
     direction, opt_state = transform.update(grads, state["opt_state"], params)
