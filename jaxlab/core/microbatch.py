@@ -40,8 +40,8 @@ def value_and_grad(loss_fn: LossFn, microbatch: int | None) -> Callable[[Any, An
       loss, grads = whole(params, chunk)
       return jax.tree.map(jnp.add, totals, (loss, grads)), None
 
-    zeros = jax.tree.map(jnp.zeros_like, (jnp.zeros((), jax.eval_shape(
-        loss_fn, params, jax.tree.map(lambda x: x[0], chunks)).dtype), params))
+    shapes = jax.eval_shape(whole, params, jax.tree.map(lambda x: x[0], chunks))
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
     (loss, grads), _ = jax.lax.scan(accumulate, zeros, chunks)
     count = size // microbatch
     return loss / count, jax.tree.map(lambda g: g / count, grads)
