@@ -84,7 +84,8 @@ class MLP(nnx.Module):
       if torch_init:
         layers.append(torch_default_linear(fan_in, fan_out, param_dtype=param_dtype, rngs=rngs))
       elif std is None:
-        layers.append(nnx.Linear(fan_in, fan_out, param_dtype=param_dtype, rngs=rngs))
+        layers.append(nnx.Linear(fan_in, fan_out, param_dtype=param_dtype,
+                                 dot_general=flat_dot_general, rngs=rngs))
       else:
         layers.append(normal_linear(fan_in, fan_out, std=std, param_dtype=param_dtype,
                                     rngs=rngs))

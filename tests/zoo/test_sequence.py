@@ -55,6 +55,20 @@ def test_linear_attention_equals_its_quadratic_form(causal, length, head_dim):
                              rtol=1e-5, atol=1e-5)
 
 
+def test_flat_dot_general_equals_dot_general_in_value_and_both_autodiff_modes():
+  with jax.enable_x64(True):
+    x = jax.random.normal(jax.random.key(0), (2, 3, 4), jnp.float64)
+    w = jax.random.normal(jax.random.key(1), (4, 5), jnp.float64)
+    numbers = (((2,), (0,)), ((), ()))
+    flat = lambda x, w: jnp.sum(jnp.sin(mlp.flat_dot_general(x, w, numbers)))
+    plain = lambda x, w: jnp.sum(jnp.sin(jax.lax.dot_general(x, w, numbers)))
+    np.testing.assert_allclose(flat(x, w), plain(x, w), rtol=1e-13)
+    for transform in (jax.grad, jax.jacfwd):
+      for got, want in zip(transform(flat, argnums=(0, 1))(x, w),
+                           transform(plain, argnums=(0, 1))(x, w)):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+
+
 def explicit_mix(q, k, v, softmax, causal):
   """The textbook formula on head-major [B, H, L, Dh], differentiated by autodiff."""
   scores = jnp.einsum("bhtd,bhsd->bhts", q, k) / np.sqrt(q.shape[-1])
