@@ -6,12 +6,16 @@
 `experiments/<slug>.py` defines `main(config, workdir)` and ends with `cli.run(main)`. This module
 parses the flags, starts multi-host JAX when asked (before any other JAX call), validates the config
 against the devices, enables float64 if the config asks, and calls `main`.
+
+A bad config (unknown preset or key, wrong type, a batch that does not divide over the devices)
+prints one line, `config error: ...`, and exits with status 2 before anything compiles.
 """
 from __future__ import annotations
 
 import os
+import re
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn, Sequence
 
 from absl import app
 from absl import flags
@@ -41,6 +45,80 @@ def default_workdir(config_path: str, preset: str) -> str:
   return os.path.join("workdirs", f"{slug}-{preset}")
 
 
+CONFIG_ERROR_STATUS = 2
+
+
+def exit_with_config_error(error: BaseException | str) -> NoReturn:
+  """Prints `config error: <one line>` to stderr and exits with status 2 (no traceback)."""
+  message = " ".join(str(error).split())
+  print(f"config error: {message}", file=sys.stderr)
+  sys.exit(CONFIG_ERROR_STATUS)
+
+
+def _config_arguments(argv: Sequence[str]) -> tuple[str | None, list[str]]:
+  """The `--config` value and the keys named by `--config.<key>` overrides in `argv`."""
+  spec, keys = None, []
+  for i, arg in enumerate(argv[1:], start=1):
+    if arg == "--":
+      break
+    name, has_value, value = arg.partition("=")
+    if name in ("--config", "-config"):
+      spec = value if has_value else (argv[i + 1] if i + 1 < len(argv) else None)
+    for prefix in ("--config.", "-config.", "--noconfig.", "-noconfig."):
+      if name.startswith(prefix):
+        keys.append(name[len(prefix):])
+  return spec, keys
+
+
+def _check_config_arguments(argv: Sequence[str]) -> None:
+  """Loads the config file and checks that every override names a key, with our own messages
+  (absl's would be a traceback ending in ml_collections' AttributeError)."""
+  spec, keys = _config_arguments(argv)
+  if not spec:
+    return
+  path, _, arg = spec.partition(":")
+  config = config_lib.load_config(path, arg or None)
+  for key in keys:
+    config_lib.get(config, key)
+
+
+_FLAG_VALUE_ERROR = re.compile(r"flag --config\.(?P<key>[^=\s]+)=(?P<value>.*?): (?P<why>.*)",
+                               re.DOTALL)
+
+
+def _one_line_flag_error(error: BaseException) -> str:
+  match = _FLAG_VALUE_ERROR.match(str(error))
+  if match:
+    return (f"config key {match['key']!r} cannot take {match['value']!r}: "
+            f"{match['why'].strip()}")
+  return str(error)
+
+
+def _config_error_in(error: BaseException) -> config_lib.ConfigError | None:
+  seen = set()
+  while error is not None and id(error) not in seen:
+    if isinstance(error, config_lib.ConfigError):
+      return error
+    seen.add(id(error))
+    error = error.__cause__ or error.__context__
+  return None
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, with config mistakes reported in one line (status 2)."""
+  try:
+    _check_config_arguments(argv)
+    return flags.FLAGS(argv)
+  except config_lib.ConfigError as e:
+    exit_with_config_error(e)
+  except flags.Error as e:
+    cause = _config_error_in(e)
+    if cause is not None or "--config" in str(e):
+      exit_with_config_error(cause if cause is not None else _one_line_flag_error(e))
+    print(f"flag error: {' '.join(str(e).split())}", file=sys.stderr)
+    sys.exit(CONFIG_ERROR_STATUS)
+
+
 def run(experiment_main: ExperimentMain) -> None:
   """Parses flags and runs `experiment_main(config, workdir)`."""
 
@@ -59,14 +137,16 @@ def run(experiment_main: ExperimentMain) -> None:
     try:
       config_lib.validate(config, device_count=jax.device_count())
     except config_lib.ConfigError as e:
-      logging.error("%s", e)
-      sys.exit(f"config error: {e}")
+      exit_with_config_error(e)
     workdir = _WORKDIR.value or default_workdir(config_flags.get_config_filename(
         flags.FLAGS["config"]), config.preset)
     logging.info("workdir %s; %s; %d process(es)", workdir, parallel.describe_devices(),
                  jax.process_count())
     from jaxlab.core import train_loop  # pylint: disable=g-import-not-at-top
-    with train_loop.precision_scope(config):
-      experiment_main(config, workdir)
+    try:
+      with train_loop.precision_scope(config):
+        experiment_main(config, workdir)
+    except config_lib.ConfigError as e:   # a method's own check (a variant name, a choice)
+      exit_with_config_error(e)
 
-  app.run(_main)
+  app.run(_main, flags_parser=parse_flags)

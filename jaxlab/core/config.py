@@ -2,8 +2,8 @@
 
 A config file defines `get_config(arg=None)` and returns a locked `ml_collections.ConfigDict` with
 the fixed groups below. `arg` is the text after `:` in `--config=configs/<slug>.py:<arg>`: a preset
-name (`smoke`, `quick`, `paper`) optionally followed by `,key=value` pairs, as in big_vision's
-`parse_arg`: `quick,seeds=3`.
+name (`smoke`, `quick`, `paper`, and `long` for configs that define it) optionally followed by
+`,key=value` pairs, as in big_vision's `parse_arg`: `quick,seeds=3`.
 
 This module imports no JAX, so loading a config is instant and never touches a backend.
 """
@@ -19,7 +19,13 @@ from typing import Any, Iterable, Mapping, Sequence
 import ml_collections
 from ml_collections import config_dict
 
-PRESETS = ("smoke", "quick", "paper")
+PRESETS = ("smoke", "quick", "paper")   # every config has these
+# `long`: a claim's converged regime past the quick budget (<= 90 min on 2 cores); a config that
+# defines it passes `presets=PRESETS + ("long",)` to `parse_arg`.
+OPTIONAL_PRESETS = ("long",)
+ALL_PRESETS = PRESETS + OPTIONAL_PRESETS
+# Presets whose results are published under results/ (`<slug>.json`, `<slug>_long.json`).
+PUBLISHED_PRESETS = ("quick", "long")
 PRECISIONS = ("float32", "float64")
 
 
@@ -28,11 +34,19 @@ class ConfigError(ValueError):
 
 
 def parse_arg(arg: str | None, *, default_preset: str = "quick",
+              presets: Sequence[str] = PRESETS,
               **defaults: Any) -> ml_collections.ConfigDict:
   """Parses `"<preset>[,key=value,...]"` into a ConfigDict with `preset` and typed extras.
 
-  Values are parsed with the type of their default in `defaults`; a bare `key` is `True`.
+  `presets` are the presets this config defines (the three standard ones, plus `long` where the
+  config has it). Values are parsed with the type of their default in `defaults`; a bare `key` is
+  `True`.
   """
+  presets = tuple(presets)
+  unknown = [p for p in presets if p not in ALL_PRESETS]
+  if unknown or not set(PRESETS) <= set(presets):
+    raise ConfigError(f"a config's presets must include {', '.join(PRESETS)} and may add "
+                      f"{', '.join(OPTIONAL_PRESETS)}; got {', '.join(presets)}")
   parsed = ml_collections.ConfigDict(dict(preset=default_preset, **defaults))
   if not arg:
     return parsed
@@ -49,10 +63,15 @@ def parse_arg(arg: str | None, *, default_preset: str = "quick",
           f"unknown config argument {key!r} in {arg!r}; "
           f"allowed: preset, {', '.join(sorted(defaults)) or '(none)'}")
     parsed[key] = _parse_value(text, defaults[key], key) if text else True
-  if parsed.preset not in PRESETS:
-    raise ConfigError(
-        f"unknown preset {parsed.preset!r}; choose one of {', '.join(PRESETS)}")
+  if parsed.preset not in presets:
+    raise ConfigError(unknown_preset_message(parsed.preset, presets))
   return parsed
+
+
+def unknown_preset_message(preset: str, presets: Sequence[str]) -> str:
+  close = difflib.get_close_matches(preset, presets, n=1)
+  hint = f" (did you mean {close[0]!r}?)" if close else ""
+  return f"unknown preset {preset!r}{hint}; this config has {', '.join(presets)}"
 
 
 def _parse_value(text: str, default: Any, key: str) -> Any:
@@ -71,8 +90,8 @@ def _parse_value(text: str, default: Any, key: str) -> Any:
 
 def base_config(*, preset: str, seed: int = 0) -> ml_collections.ConfigDict:
   """The fixed groups every experiment config has. Fill them, then call `finalize`."""
-  if preset not in PRESETS:
-    raise ConfigError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+  if preset not in ALL_PRESETS:
+    raise ConfigError(unknown_preset_message(preset, ALL_PRESETS))
   c = ml_collections.ConfigDict()
   c.preset = preset
   c.seed = seed
@@ -106,7 +125,7 @@ class _Rule:
 
 _BASE_RULES = (
     _Rule("seed", int),
-    _Rule("preset", str, choices=PRESETS),
+    _Rule("preset", str, choices=ALL_PRESETS),
     _Rule("precision", str, choices=PRECISIONS),
     _Rule("train.steps", int, positive=True),
     _Rule("train.batch_size", int, positive=True),
@@ -229,14 +248,21 @@ def _unknown_key_message(node: Any, key: str, parent_key: str) -> str:
   known = sorted(node.keys()) if hasattr(node, "keys") else []
   leaf = key.split(".")[len(parent_key.split(".")) if parent_key else 0]
   close = difflib.get_close_matches(leaf, known, n=1)
-  hint = f" (did you mean {close[0]!r}?)" if close else ""
+  if close:
+    suggestion = f"{parent_key}.{close[0]}" if parent_key else close[0]
+    return f"unknown key {key!r} (did you mean {suggestion!r}?)"
   where = f"under {parent_key!r}" if parent_key else "at the top level"
-  return f"unknown config key {key!r}{hint}; keys {where}: {', '.join(known)}"
+  return f"unknown key {key!r}; keys {where}: {', '.join(known)}"
 
 
 def _type_name(kind: type | tuple[type, ...]) -> str:
   kinds = kind if isinstance(kind, tuple) else (kind,)
   return " or ".join(k.__name__ for k in kinds)
+
+
+def results_stem(slug: str, preset: str) -> str:
+  """The name results/ uses for a published preset: `<slug>` (quick), `<slug>_long` (long)."""
+  return slug if preset == "quick" else f"{slug}_{preset}"
 
 
 def load_config(path: str | os.PathLike, arg: str | None = None) -> ml_collections.ConfigDict:

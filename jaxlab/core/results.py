@@ -5,12 +5,15 @@ Shape (read by the report builder and by other tools):
   {"slug": ..., "preset": ..., "commit": <git sha>, "wall_s": ..., "device": "cpu x1 (2 cores)",
    "seeds": [...], "headline": {"name": ..., "ours": ..., "paper": ..., "unit": ...},
    "metrics": {...nested...},
-   "claims": [{"name", "statement", "ours", "baselines", "paper", "holds"}]}
+   "claims": [{"name", "statement", "ours", "baselines", "paper", "holds", "comparison",
+               "paired"}]}
 
-`holds` is computed by the experiment from measured numbers. `wall_s` is the time it took to
+`holds` is computed by the experiment from measured numbers. A claim that compares two arms is
+decided by `paired_comparison` over >= 2 (in practice >= 3) seeds or paired examples, and carries
+its numbers in `paired`. `wall_s` is the time it took to
 produce the results, including the training time of earlier invocations that this one resumed. The quick preset also copies the file
-to `results/<slug>.json`, which `python -m experiments.report` turns into `results/REPORT.md` and
-the README's method table.
+to `results/<slug>.json` (the long preset to `results/<slug>_long.json`), which
+`python -m experiments.report` turns into `results/REPORT.md` and the README's method table.
 """
 from __future__ import annotations
 
@@ -24,7 +27,9 @@ from typing import Any, Mapping, Sequence
 
 import jax
 import ml_collections
+import numpy as np
 
+from jaxlab.core import config as config_lib
 from jaxlab.core import metrics as metrics_lib
 from jaxlab.core import parallel
 
@@ -33,13 +38,70 @@ RESULTS_DIR = REPO_ROOT / "results"
 STATUSES = ("not started", "partial", "reproduced")
 
 
+SIGNIFICANCE = 2.0   # a paired difference counts when it exceeds this many standard errors
+
+
+def paired_comparison(ours: Sequence[float] | np.ndarray, baseline: Sequence[float] | np.ndarray,
+                      *, lower_is_better: bool, min_effect: float = 0.0) -> dict[str, Any]:
+  """Decides "ours is better than the baseline" over paired values (the same seeds, or the same
+  examples and keys): differences `ours - baseline` per pair, their mean and standard error.
+
+  `better` is the one-sided verdict: the mean improvement (in the better direction) exceeds
+  `min_effect` by more than `SIGNIFICANCE` standard errors. `mean_better` is the plain comparison
+  of the two means (improvement > `min_effect`), kept beside it. For metrics spanning orders of
+  magnitude (an MSE of 1e-13 against 1e-5) pass logarithms, so no single pair dominates. A
+  non-finite difference gives `better = False` and is counted in `nonfinite`.
+
+  Raises ValueError for fewer than two pairs (one seed is an anecdote, not a verdict) or arms of
+  different lengths.
+  """
+  ours = np.asarray(ours, np.float64).reshape(-1)
+  baseline = np.asarray(baseline, np.float64).reshape(-1)
+  if ours.shape != baseline.shape:
+    raise ValueError(f"paired_comparison needs the same pairs in both arms; got {ours.size} "
+                     f"values for ours and {baseline.size} for the baseline")
+  n = int(ours.size)
+  if n < 2:
+    raise ValueError(f"paired_comparison needs >= 2 paired values (seeds or examples), got "
+                     f"n={n}: a single pair has no standard error, so no verdict is possible")
+  difference = ours - baseline
+  finite = np.isfinite(difference)
+  mean = float(difference.mean())
+  stderr = float(difference.std(ddof=1) / np.sqrt(n))
+  improvement = -mean if lower_is_better else mean
+  all_finite = bool(finite.all())
+  return {"difference": mean, "stderr": stderr, "n": n,
+          "ours_mean": float(ours.mean()), "baseline_mean": float(baseline.mean()),
+          "lower_is_better": bool(lower_is_better), "min_effect": float(min_effect),
+          "better": all_finite and improvement - min_effect > SIGNIFICANCE * stderr,
+          "mean_better": all_finite and improvement > min_effect,
+          "nonfinite": int(n - finite.sum())}
+
+
+def format_paired(paired: Mapping[str, Any]) -> str:
+  """`0.031 +- 0.008 (n=5)` for one comparison; `label: ...; label: ...` for a mapping of them."""
+  if "n" not in paired:
+    return "; ".join(f"{label}: {format_paired(p)}" for label, p in paired.items())
+  verdict = "" if paired.get("better") else ", not significant"
+  return (f"{format_number(paired['difference'])} +- {format_number(paired['stderr'])} "
+          f"(n={paired['n']}{verdict})")
+
+
 def claim(name: str, statement: str, *, ours: Any, holds: bool,
           baselines: Mapping[str, Any] | None = None, paper: Any = None,
-          comparison: str = "") -> dict[str, Any]:
-  """One claim of the paper tested by the experiment; `holds` comes from measured numbers."""
-  return {"name": name, "statement": statement, "ours": ours,
-          "baselines": dict(baselines or {}), "paper": paper, "holds": bool(holds),
-          "comparison": comparison}
+          comparison: str = "",
+          paired: Mapping[str, Any] | None = None) -> dict[str, Any]:
+  """One claim of the paper tested by the experiment; `holds` comes from measured numbers.
+
+  `paired` is a `paired_comparison` result (or a mapping of labels to several of them) when the
+  claim compares two arms over seeds or paired examples.
+  """
+  out = {"name": name, "statement": statement, "ours": ours,
+         "baselines": dict(baselines or {}), "paper": paper, "holds": bool(holds),
+         "comparison": comparison}
+  if paired is not None:
+    out["paired"] = metrics_lib.to_python(dict(paired))
+  return out
 
 
 def headline(name: str, *, ours: float | None, paper: Any, unit: str = "") -> dict[str, Any]:
@@ -61,12 +123,18 @@ def git_commit() -> str:
     return "unknown"
 
 
+def published_stem(slug: str, config: ml_collections.ConfigDict) -> str:
+  """`<slug>` for the quick preset, `<slug>_<preset>` otherwise (`<slug>_long`)."""
+  return config_lib.results_stem(slug, config.preset)
+
+
 def write_results(workdir: str | os.PathLike, *, slug: str, config: ml_collections.ConfigDict,
                   metrics: Mapping[str, Any], claims: Sequence[Mapping[str, Any]],
                   headline_metric: Mapping[str, Any] | None, wall_s: float,
                   seeds: Sequence[int] | None = None,
                   publish: bool | None = None) -> dict[str, Any]:
-  """Writes `workdir/results.json`; with the quick preset (or `publish`) also `results/<slug>.json`."""
+  """Writes `workdir/results.json`; for the quick and long presets (or with `publish`) also
+  `results/<slug>.json` or `results/<slug>_long.json`."""
   payload = {
       "slug": slug,
       "preset": config.preset,
@@ -81,47 +149,60 @@ def write_results(workdir: str | os.PathLike, *, slug: str, config: ml_collectio
   path = pathlib.Path(workdir) / "results.json"
   metrics_lib.write_json(path, payload)
   if publish is None:
-    publish = config.preset == "quick"
+    publish = config.preset in config_lib.PUBLISHED_PRESETS
   if publish and path.exists():
     RESULTS_DIR.mkdir(exist_ok=True)
-    shutil.copyfile(path, RESULTS_DIR / f"{slug}.json")
+    shutil.copyfile(path, RESULTS_DIR / f"{published_stem(slug, config)}.json")
   return payload
 
 
 def save_figure(figure: Any, workdir: str | os.PathLike, filename: str, slug: str,
                 config: ml_collections.ConfigDict) -> None:
-  """Saves a matplotlib figure in the workdir (process 0) and, for quick runs, in results/."""
+  """Saves a matplotlib figure in the workdir (process 0) and, for quick and long runs, in
+  results/ as `<slug>_<filename>` or `<slug>_long_<filename>`."""
   if jax.process_index() != 0:
     return
   path = pathlib.Path(workdir) / filename
   path.parent.mkdir(parents=True, exist_ok=True)
   figure.savefig(path, dpi=120)
-  if config.preset == "quick":
+  if config.preset in config_lib.PUBLISHED_PRESETS:
     RESULTS_DIR.mkdir(exist_ok=True)
-    shutil.copyfile(path, RESULTS_DIR / f"{slug}_{filename}")
+    shutil.copyfile(path, RESULTS_DIR / f"{published_stem(slug, config)}_{filename}")
 
 
 def load_all(results_dir: str | os.PathLike = RESULTS_DIR) -> dict[str, dict[str, Any]]:
-  """`results/<slug>.json` files by slug."""
+  """`results/*.json` by file stem: `<slug>` (quick) and `<slug>_long` (long)."""
   out = {}
   for path in sorted(pathlib.Path(results_dir).glob("*.json")):
     with open(path, encoding="utf-8") as f:
-      payload = json.load(f)
-    out[payload.get("slug", path.stem)] = payload
+      out[path.stem] = json.load(f)
   return out
 
 
-def status_of(payload: Mapping[str, Any] | None) -> str:
+def merged_claims(quick: Mapping[str, Any] | None,
+                  long: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+  """The claims that decide a method's status: the quick preset's, each replaced by the long
+  preset's claim of the same name where one exists (a claim about a converged regime is decided
+  at the budget where it can hold), plus claims only the long preset tests."""
+  long_claims = {c.get("name"): c for c in (long or {}).get("claims") or []}
+  out = [long_claims.pop(c.get("name"), c) for c in (quick or {}).get("claims") or []]
+  return out + list(long_claims.values())
+
+
+def status_of(payload: Mapping[str, Any] | None,
+              long: Mapping[str, Any] | None = None) -> str:
   """`reproduced` when every claim holds, `partial` when a result exists but a claim does not."""
-  if not payload:
+  if not payload and not long:
     return "not started"
-  claims = payload.get("claims") or []
+  claims = merged_claims(payload, long)
   return "reproduced" if claims and all(c.get("holds") for c in claims) else "partial"
 
 
 def format_number(value: Any) -> str:
   if value is None:
     return "—"
+  if isinstance(value, Mapping):
+    return ", ".join(f"{k}: {format_number(v)}" for k, v in value.items())
   if isinstance(value, bool):
     return "yes" if value else "no"
   if isinstance(value, (int, float)):
@@ -157,25 +238,37 @@ def table_cell(value: Any) -> str:
 
 
 def claims_table(payload: Mapping[str, Any]) -> list[str]:
-  lines = ["| claim | holds | ours | baselines | paper | test |", "|---|---|---|---|---|---|"]
+  lines = ["| claim | holds | ours | baselines | paper | paired difference (ours - baseline) "
+           "| test |", "|---|---|---|---|---|---|---|"]
   for c in payload.get("claims", []):
     baselines = ", ".join(f"{k}: {format_number(v)}" for k, v in c.get("baselines", {}).items())
+    paired = format_paired(c["paired"]) if c.get("paired") else "—"
     lines.append(f"| {table_cell(c['statement'])} | {'yes' if c['holds'] else '**no**'} | "
                  f"{format_number(c.get('ours'))} | {baselines or '—'} | "
-                 f"{table_cell(format_number(c.get('paper')))} | "
+                 f"{table_cell(format_number(c.get('paper')))} | {table_cell(paired)} | "
                  f"{table_cell(c.get('comparison', ''))} |")
   return lines
 
 
-def method_results_block(payload: Mapping[str, Any]) -> str:
-  """The measured numbers of one results.json, for the method's README."""
-  lines = [f"Measured by the `{payload.get('preset')}` preset at commit "
-           f"`{str(payload.get('commit'))[:10]}` in {payload.get('wall_s')} s on "
-           f"{payload.get('device')} (`results/{payload.get('slug')}.json`).", ""]
-  lines += claims_table(payload)
-  lines += ["", "| metric | value |", "|---|---|"]
-  lines += [f"| `{name}` | {format_number(value) if not isinstance(value, list) else value} |"
-            for name, value in flatten_metrics(payload.get("metrics", {}))]
+def run_line(payload: Mapping[str, Any]) -> str:
+  stem = config_lib.results_stem(str(payload.get("slug")), str(payload.get("preset")))
+  return (f"Measured by the `{payload.get('preset')}` preset at commit "
+          f"`{str(payload.get('commit'))[:10]}` in {payload.get('wall_s')} s on "
+          f"{payload.get('device')}, seeds {payload.get('seeds')} (`results/{stem}.json`).")
+
+
+def method_results_block(payload: Mapping[str, Any],
+                         long: Mapping[str, Any] | None = None) -> str:
+  """The measured numbers of one results.json (and of its long preset), for the method's README."""
+  lines = []
+  for run in (p for p in (payload, long) if p):
+    if run is long:
+      lines += ["", "**`long` preset** (decides the claims it shares with the quick preset):", ""]
+    lines += [run_line(run), ""]
+    lines += claims_table(run)
+    lines += ["", "| metric | value |", "|---|---|"]
+    lines += [f"| `{name}` | {format_number(value) if not isinstance(value, list) else value} |"
+              for name, value in flatten_metrics(run.get("metrics", {}))]
   return "\n".join(lines)
 
 
@@ -185,46 +278,72 @@ def _replace_block(text: str, begin: str, end: str, body: str) -> str:
   return f"{head}{begin}\n{body}\n{end}{tail}"
 
 
+def _command(slug: str, preset: str) -> str:
+  return f"`python -m experiments.{slug} --config=configs/{slug}.py:{preset}`"
+
+
 def methods_table(methods: Sequence[tuple[str, str]],
                   payloads: Mapping[str, Mapping[str, Any]]) -> str:
-  """The README's table: one row per (slug, title), status and headline from results files."""
+  """The README's table: one row per (slug, title), status and headline from results files. A
+  method with a long preset shows the long headline (marked) and both commands."""
   lines = ["| method | paper | status | headline (ours) | paper | command |",
            "|---|---|---|---|---|---|"]
   for slug, title in methods:
-    payload = payloads.get(slug)
-    status = status_of(payload)
-    head = (payload or {}).get("headline") or {}
+    payload, long = payloads.get(slug), payloads.get(config_lib.results_stem(slug, "long"))
+    status = status_of(payload, long)
+    long_head = (long or {}).get("headline") or {}
+    head = long_head or (payload or {}).get("headline") or {}
     ours = paper = "—"
     if head:
-      ours = table_cell(f"{format_number(head.get('ours'))} ({head.get('name', '')})")
-      paper = format_number(head.get("paper"))
-    command = (f"`python -m experiments.{slug} --config=configs/{slug}.py:quick`"
-               if payload or (REPO_ROOT / "configs" / f"{slug}.py").exists() else "—")
-    lines.append(f"| `{slug}` | {title} | {status} | {ours} | {paper} | {command} |")
+      marker = "; `long` preset" if long_head else ""
+      ours = table_cell(f"{format_number(head.get('ours'))} ({head.get('name', '')}{marker})")
+      paper = table_cell(format_number(head.get("paper")))
+    commands = []
+    if payload or (REPO_ROOT / "configs" / f"{slug}.py").exists():
+      commands.append(_command(slug, "quick"))
+    if long:
+      commands.append(_command(slug, "long"))
+    lines.append(f"| `{slug}` | {title} | {status} | {ours} | {paper} | "
+                 f"{'<br>'.join(commands) or '—'} |")
   return "\n".join(lines)
 
 
+def _plots(stem: str, results_dir: pathlib.Path, exclude: str | None = None) -> list[str]:
+  plots = sorted(results_dir.glob(f"{stem}_*.png"))
+  return [f"![{p.stem}]({p.name})" for p in plots
+          if exclude is None or not p.name.startswith(exclude)]
+
+
 def report_markdown(methods: Sequence[tuple[str, str]],
-                    payloads: Mapping[str, Mapping[str, Any]]) -> str:
-  """results/REPORT.md: every claim of every reproduced method, with links to its plots."""
+                    payloads: Mapping[str, Mapping[str, Any]],
+                    results_dir: str | os.PathLike = RESULTS_DIR) -> str:
+  """results/REPORT.md: every claim of every method with results, the long preset's under the
+  quick one's, with links to the plots."""
+  results_dir = pathlib.Path(results_dir)
   out = ["# jaxlab reproduction report", "",
          "Generated by `python -m experiments.report` from `results/*.json`; every number below "
-         "was produced by running the experiment's quick preset.", "",
+         "was produced by running the experiment's quick preset, or its `long` preset where a "
+         "claim needs a larger budget (a long claim decides the status in place of the quick "
+         "claim of the same name).", "",
          methods_table(methods, payloads), ""]
   for slug, title in methods:
-    payload = payloads.get(slug)
-    if not payload:
+    long_stem = config_lib.results_stem(slug, "long")
+    runs = [(payloads.get(slug), slug, f"{long_stem}_"),
+            (payloads.get(long_stem), long_stem, None)]
+    if not any(run for run, _, _ in runs):
       continue
-    out += [f"## `{slug}`: {title}", "",
-            f"preset `{payload.get('preset')}`, commit `{str(payload.get('commit'))[:10]}`, "
-            f"{payload.get('wall_s')} s on {payload.get('device')}, seeds {payload.get('seeds')}",
-            ""]
-    out += claims_table(payload)
-    plots = sorted(RESULTS_DIR.glob(f"{slug}_*.png"))
-    if plots:
+    out += [f"## `{slug}`: {title}", ""]
+    for run, stem, exclude in runs:
+      if not run:
+        continue
+      if stem == long_stem:
+        out += ["### `long` preset", ""]
+      out += [run_line(run), ""]
+      out += claims_table(run)
+      plots = _plots(stem, results_dir, exclude)
+      if plots:
+        out += [""] + plots
       out.append("")
-      out += [f"![{p.stem}]({p.name})" for p in plots]
-    out.append("")
   return "\n".join(out)
 
 
@@ -234,7 +353,7 @@ def rebuild(methods: Sequence[tuple[str, str]], readme: str | os.PathLike,
   block from results/*.json. Returns the files written."""
   payloads = load_all(results_dir)
   report = pathlib.Path(results_dir, "REPORT.md")
-  report.write_text(report_markdown(methods, payloads) + "\n")
+  report.write_text(report_markdown(methods, payloads, results_dir) + "\n")
   readme = pathlib.Path(readme)
   text = readme.read_text()
   if TABLE_BEGIN not in text or TABLE_END not in text:
@@ -242,10 +361,13 @@ def rebuild(methods: Sequence[tuple[str, str]], readme: str | os.PathLike,
   readme.write_text(_replace_block(text, TABLE_BEGIN, TABLE_END,
                                    methods_table(methods, payloads)))
   written = [report, readme]
-  for slug, payload in payloads.items():
+  for slug, _ in methods:
+    payload = payloads.get(slug)
+    long = payloads.get(config_lib.results_stem(slug, "long"))
     method_readme = REPO_ROOT / "jaxlab" / "methods" / slug / "README.md"
-    if method_readme.exists() and RESULTS_BEGIN in method_readme.read_text():
+    if (payload or long) and method_readme.exists() and (
+        RESULTS_BEGIN in method_readme.read_text()):
       method_readme.write_text(_replace_block(method_readme.read_text(), RESULTS_BEGIN,
-                                              RESULTS_END, method_results_block(payload)))
+                                              RESULTS_END, method_results_block(payload, long)))
       written.append(method_readme)
   return written

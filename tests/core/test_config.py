@@ -29,12 +29,30 @@ def test_parse_arg_types_and_extras():
 
 
 def test_unknown_preset_names_the_choices():
-  with pytest.raises(config_lib.ConfigError, match=r"unknown preset 'fast'.*smoke, quick, paper"):
+  with pytest.raises(config_lib.ConfigError,
+                     match=r"unknown preset 'fast'; this config has smoke, quick, paper"):
     config_lib.load_config(CONFIG, "fast")
+  with pytest.raises(config_lib.ConfigError, match=r"'smok' \(did you mean 'smoke'\?\)"):
+    config_lib.load_config(CONFIG, "smok")
+
+
+def test_long_preset_only_where_the_config_defines_it():
+  with pytest.raises(config_lib.ConfigError,
+                     match=r"unknown preset 'long'; this config has smoke, quick, paper$"):
+    config_lib.parse_arg("long", steps=0)
+  with_long = config_lib.PRESETS + ("long",)
+  parsed = config_lib.parse_arg("long,steps=9", presets=with_long, steps=0)
+  assert (parsed.preset, parsed.steps) == ("long", 9)
+  assert config_lib.base_config(preset="long").preset == "long"
+  with pytest.raises(config_lib.ConfigError, match="must include smoke, quick, paper"):
+    config_lib.parse_arg("quick", presets=("quick", "long"))
+  assert config_lib.results_stem("m", "quick") == "m"
+  assert config_lib.results_stem("m", "long") == "m_long"
 
 
 def test_unknown_key_is_named_with_a_suggestion():
-  with pytest.raises(config_lib.ConfigError, match=r"'train.stepz'.*did you mean 'steps'"):
+  with pytest.raises(config_lib.ConfigError,
+                     match=r"'train.stepz' \(did you mean 'train.steps'\?\)"):
     config_lib.override(smoke(), {"train.stepz": 3})
 
 

@@ -1,6 +1,9 @@
 """results.json shape, status rules and the report builder."""
 import json
 
+import numpy as np
+import pytest
+
 from jaxlab.core import config as config_lib
 from jaxlab.core import results
 
@@ -67,4 +70,125 @@ def test_pipes_in_names_do_not_split_table_cells():
   row = results.methods_table([("m", "M")], {"m": payload}).splitlines()[-1]
   assert row.count("|") - row.count("\\|") == 7   # 6 columns, as in the header
   claim_row = results.claims_table(payload)[-1]
-  assert claim_row.count("|") - claim_row.count("\\|") == 7
+  assert claim_row.count("|") - claim_row.count("\\|") == 8   # 7 columns
+
+
+def test_paired_comparison_identical_arms_are_not_better():
+  values = np.array([0.3, 0.5, 0.7, 0.2])
+  for lower in (True, False):
+    paired = results.paired_comparison(values, values, lower_is_better=lower)
+    assert paired["difference"] == 0 and paired["stderr"] == 0 and paired["n"] == 4
+    assert not paired["better"] and not paired["mean_better"]
+
+
+def test_paired_comparison_constant_shift_is_decided_by_direction():
+  baseline = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
+  ours = baseline + 0.1
+  higher = results.paired_comparison(ours, baseline, lower_is_better=False)
+  assert higher["better"] and higher["mean_better"]
+  assert np.isclose(higher["difference"], 0.1) and higher["stderr"] < 1e-12
+  lower = results.paired_comparison(ours, baseline, lower_is_better=True)
+  assert not lower["better"] and not lower["mean_better"]
+  assert results.paired_comparison(baseline, ours, lower_is_better=True)["better"]
+  # A shift that does not exceed the minimum effect is not a win.
+  assert not results.paired_comparison(ours, baseline, lower_is_better=False,
+                                       min_effect=0.2)["better"]
+
+
+def test_paired_comparison_pure_noise_is_not_significant():
+  rng = np.random.default_rng(0)
+  verdicts = []
+  for _ in range(200):
+    baseline = rng.normal(size=5)
+    ours = baseline + rng.normal(size=5)
+    verdicts.append(results.paired_comparison(ours, baseline, lower_is_better=False)["better"])
+  # One-sided at 2 standard errors of 5 pairs (t with 4 dof): a false win ~6% of the time.
+  assert np.mean(verdicts) < 0.12
+
+
+def test_paired_comparison_pairing_removes_shared_variance():
+  rng = np.random.default_rng(1)
+  seed_effect = rng.normal(scale=10.0, size=6)   # seeds differ a lot, both arms alike
+  baseline = seed_effect + rng.normal(scale=0.01, size=6)
+  ours = seed_effect + 0.1 + rng.normal(scale=0.01, size=6)
+  paired = results.paired_comparison(ours, baseline, lower_is_better=False)
+  assert paired["better"] and paired["stderr"] < 0.02
+
+
+def test_paired_comparison_refuses_one_pair_and_mismatched_arms():
+  with pytest.raises(ValueError, match="n=1"):
+    results.paired_comparison([1.0], [0.5], lower_is_better=True)
+  with pytest.raises(ValueError, match="same pairs"):
+    results.paired_comparison([1.0, 2.0], [0.5, 0.1, 0.2], lower_is_better=True)
+
+
+def test_paired_comparison_nonfinite_is_never_a_win():
+  paired = results.paired_comparison([1.0, np.nan, 3.0], [0.0, 0.0, 0.0],
+                                     lower_is_better=False)
+  assert not paired["better"] and paired["nonfinite"] == 1
+
+
+def test_paired_claim_reaches_results_json_and_report(tmp_path):
+  paired = results.paired_comparison([0.5, 0.6, 0.55], [0.45, 0.58, 0.5], lower_is_better=False)
+  c = results.claim("gain", "ours beats the baseline", ours=0.55, holds=paired["better"],
+                    comparison="paired over seeds", paired=paired)
+  config = config_lib.finalize(config_lib.base_config(preset="smoke"))
+  payload = results.write_results(tmp_path, slug="toy", config=config, metrics={},
+                                  claims=[c], headline_metric=None, wall_s=1.0)
+  on_disk = json.loads((tmp_path / "results.json").read_text())
+  assert on_disk["claims"][0]["paired"]["n"] == 3
+  assert on_disk["claims"][0]["comparison"] == "paired over seeds"
+  row = results.claims_table(payload)[-1]
+  assert f"{results.format_number(paired['difference'])} +- " in row and "(n=3" in row
+  assert results.format_paired(paired).endswith("(n=3)") == paired["better"]
+
+
+def _payload(slug, preset, claims, headline=None):
+  return {"slug": slug, "preset": preset, "commit": "abc", "wall_s": 1.0, "device": "cpu",
+          "seeds": [0, 1, 2], "headline": headline, "metrics": {"x": 1.0},
+          "claims": [{"name": n, "statement": f"claim {n}", "ours": 1.0, "baselines": {},
+                      "paper": None, "holds": h} for n, h in claims]}
+
+
+def test_long_results_replace_quick_claims_of_the_same_name():
+  quick = _payload("m", "quick", [("a", True), ("converged", False)])
+  long = _payload("m", "long", [("converged", True), ("extra", True)])
+  assert [c["name"] for c in results.merged_claims(quick, long)] == ["a", "converged", "extra"]
+  assert results.status_of(quick) == "partial"
+  assert results.status_of(quick, long) == "reproduced"
+  assert results.status_of(None, long) == "reproduced"
+  assert results.status_of(quick, _payload("m", "long", [("a", False)])) == "partial"
+
+
+def test_report_puts_long_results_under_quick_and_marks_the_headline(tmp_path):
+  results_dir = tmp_path / "results"
+  results_dir.mkdir()
+  quick = _payload("m", "quick", [("converged", False)],
+                   {"name": "err", "ours": 0.5, "paper": 1e-13})
+  long = _payload("m", "long", [("converged", True)],
+                  {"name": "err", "ours": 2e-13, "paper": 1e-13})
+  (results_dir / "m.json").write_text(json.dumps(quick))
+  (results_dir / "m_long.json").write_text(json.dumps(long))
+  for name in ("m_curve.png", "m_long_curve.png"):
+    (results_dir / name).write_bytes(b"")
+  readme = tmp_path / "README.md"
+  readme.write_text(f"{results.TABLE_BEGIN}\n{results.TABLE_END}\n")
+  results.rebuild([("m", "M")], readme, results_dir)
+  row = [line for line in readme.read_text().splitlines() if line.startswith("| `m`")][0]
+  assert "reproduced" in row and "2.00e-13 (err; `long` preset)" in row
+  assert "configs/m.py:quick" in row and "configs/m.py:long" in row
+  report = (results_dir / "REPORT.md").read_text()
+  quick_at, long_at = report.index("results/m.json"), report.index("results/m_long.json")
+  assert quick_at < report.index("### `long` preset") < long_at
+  assert report.index("(m_curve.png)") < long_at < report.index("(m_long_curve.png)")
+  assert report.count("(m_long_curve.png)") == 1
+
+
+def test_long_preset_results_are_published_with_the_suffix(tmp_path, monkeypatch):
+  monkeypatch.setattr(results, "RESULTS_DIR", tmp_path / "published")
+  c = config_lib.base_config(preset="long")
+  config_lib.finalize(c)
+  results.write_results(tmp_path / "run", slug="toy", config=c, metrics={}, claims=[],
+                        headline_metric=None, wall_s=1.0)
+  assert (tmp_path / "published" / "toy_long.json").exists()
+  assert not (tmp_path / "published" / "toy.json").exists()

@@ -134,15 +134,6 @@ def mean_over_batches(per_batch: list[dict[str, Any]]) -> dict[str, float]:
           for name, values in concatenate_batches(per_batch).items()}
 
 
-def paired_difference(ours: np.ndarray, baseline: np.ndarray) -> dict[str, float]:
-  """Mean per-example difference of two models scored on the same images and keys, with its
-  standard error (the pairing removes the between-image variance)."""
-  difference = np.asarray(ours, np.float64) - np.asarray(baseline, np.float64)
-  return {"mean": float(difference.mean()),
-          "stderr": float(difference.std(ddof=1) / np.sqrt(len(difference)))
-          if len(difference) > 1 else float("nan")}
-
-
 def denoising_error(config: ml_collections.ConfigDict):
   """jit((denoiser params, x [B, ...], key) -> mean eps-MSE over t = 0, T/8, ..., 7T/8): how well
   a model still denoises plain Gaussian noise (the fidelity ADDT should keep), whatever the

@@ -32,8 +32,8 @@ PAIRED_COMPARISONS = (("addt", "plain"), ("addt", "pretrained"), ("addt", "addt_
                       ("plain", "pretrained"))
 # "Far below": the DW-box robust accuracy is at most this fraction of the EOT one.
 FAR_BELOW = 0.5
-# A paired gain counts when it exceeds this many standard errors.
-SIGNIFICANT = 2.0
+# What the summary keeps of each paired comparison (the claim's `paired` entry too).
+PAIRED_FIELDS = ("difference", "stderr", "n", "better")
 
 
 def selected_models(config) -> list[str]:
@@ -121,8 +121,8 @@ def test_batches(config: ml_collections.ConfigDict):
 def evaluate(config: ml_collections.ConfigDict, classifier_params: Any,
              denoisers: dict[str, Any]) -> dict[str, Any]:
   """{"no_defence": {...}, <model>: {clean_acc, robust_acc_eot, robust_acc_dwbox,
-  denoise_mse}, "paired_gain": {"<a>_vs_<b>": {protocol: {mean, stderr}}}}, every model scored
-  on the same test batches with the same keys."""
+  denoise_mse}, "paired_gain": {"<a>_vs_<b>": {protocol: results.paired_comparison}}}, every
+  model scored on the same test batches with the same keys (so the examples are the pairs)."""
   with train_loop.precision_scope(config):
     batches = test_batches(config)
     undefended = evaluation.undefended_evaluator(config)
@@ -144,13 +144,18 @@ def evaluate(config: ml_collections.ConfigDict, classifier_params: Any,
           denoising(params, x, evaluation.batch_key(config.seed + 1, i))
           for i, (x, _) in enumerate(batches)]))
     summary["paired_gain"] = {
-        f"{ours}_vs_{baseline}": {protocol: evaluation.paired_difference(
+        f"{ours}_vs_{baseline}": {protocol: paired_gain(
             per_example[ours][protocol], per_example[baseline][protocol])
                                   for protocol in evaluation.PROTOCOLS}
         for ours, baseline in PAIRED_COMPARISONS
         if ours in per_example and baseline in per_example}
     summary["num_images"] = config.eval.num_images
     return summary
+
+
+def paired_gain(ours: np.ndarray, baseline: np.ndarray) -> dict[str, Any]:
+  comparison = results.paired_comparison(ours, baseline, lower_is_better=False)
+  return {field: comparison[field] for field in PAIRED_FIELDS}
 
 
 def claims(summary: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
@@ -187,17 +192,19 @@ def claims(summary: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any
         "ADDT (CGPO + RBGM) fine-tuning raises robust accuracy under both the stochastic "
         "white-box and the DW-box, against the same fine-tuning budget with plain noise",
         ours={"eot": ours["robust_acc_eot"], "dwbox": ours["robust_acc_dwbox"],
-              **{f"gain {p.removeprefix('robust_acc_')}": paired[p]["mean"] for p in protocols},
+              **{f"gain {p.removeprefix('robust_acc_')}": paired[p]["difference"]
+                 for p in protocols},
               **{f"gain stderr {p.removeprefix('robust_acc_')}": paired[p]["stderr"]
                  for p in protocols}},
         baselines={"plain eot": plain["robust_acc_eot"],
                    "plain dwbox": plain["robust_acc_dwbox"],
                    "pretrained eot": pre["robust_acc_eot"],
                    "pretrained dwbox": pre["robust_acc_dwbox"]},
-        holds=all(paired[p]["mean"] > SIGNIFICANT * paired[p]["stderr"] for p in protocols),
+        holds=all(paired[p]["better"] for p in protocols),
+        paired={p.removeprefix("robust_acc_"): paired[p] for p in protocols},
         paper="ADDT improves robustness in both settings",
-        comparison=f"paired gain of ADDT over plain fine-tuning > {SIGNIFICANT:g} standard "
-                   "errors, under EOT and under DW-box"))
+        comparison=f"paired per-image gain of ADDT over plain fine-tuning > "
+                   f"{results.SIGNIFICANCE:g} standard errors, under EOT and under DW-box"))
   headline = None
   if ours and pre:
     headline = results.headline(

@@ -185,13 +185,20 @@ def test_an_x0_model_regresses_the_clean_image_and_an_eps_model_the_noise():
 
 
 def test_the_addt_claim_needs_paired_gains_beyond_two_standard_errors():
-  def summary(gain, stderr):
+  rng = np.random.default_rng(0)
+  plain = (rng.uniform(size=400) < 0.5).astype(np.float32)   # per-image robust correctness
+
+  def summary(flips):
+    """ADDT = plain with `flips` images turned from wrong to right (and none the other way)."""
+    addt = plain.copy()
+    addt[np.flatnonzero(plain == 0)[:flips]] = 1.0
     protocol = {"clean_acc": 0.9, "robust_acc_eot": 0.6, "robust_acc_dwbox": 0.5}
-    paired = {p: {"mean": gain, "stderr": stderr} for p in evaluation.PROTOCOLS}
+    paired = {p: reproduction.paired_gain(addt, plain) for p in evaluation.PROTOCOLS}
     return {"no_defence": {"robust_acc_pgd": 0.3}, "pretrained": protocol, "plain": protocol,
             "addt": protocol, "paired_gain": {"addt_vs_plain": paired}}
-  holds = lambda s: {c["name"]: c["holds"] for c in reproduction.claims(s)[0]}
-  assert holds(summary(0.05, 0.01))["addt_raises_robustness"]
-  assert not holds(summary(0.004, 0.008))["addt_raises_robustness"]
+  claim = lambda s: {c["name"]: c for c in reproduction.claims(s)[0]}
+  assert claim(summary(20))["addt_raises_robustness"]["holds"]        # +0.05, se ~0.011
+  assert not claim(summary(1))["addt_raises_robustness"]["holds"]     # +0.0025, se 0.0025
+  assert claim(summary(20))["addt_raises_robustness"]["paired"]["eot"]["n"] == 400
   # pretrained: DW-box gain 0.2 vs EOT gain 0.3 over the undefended 0.3: not the main driver.
-  assert not holds(summary(0.05, 0.01))["stochasticity_is_the_main_driver"]
+  assert not claim(summary(20))["stochasticity_is_the_main_driver"]["holds"]
