@@ -4,7 +4,6 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ONLY ?=
-SLUGS := $(if $(ONLY),$(ONLY),$(sort $(basename $(notdir $(filter-out configs/__init__.py,$(wildcard configs/*.py))))))
 PRESET ?= quick
 
 .PHONY: install test test-all reproduce report clean
@@ -24,15 +23,10 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -q --durations=15 --nbmake --nbmake-timeout=300
 
-# Runs the quick preset of every experiment (or ONLY=<slug>), then rebuilds results/REPORT.md
-# and the README table from results/*.json.
+# Runs the quick preset of every experiment (or PRESET=long, ONLY=<slug>[,<slug>]), rebuilds
+# results/REPORT.md and the README table from results/*.json, and prints a table of what ran.
 reproduce: $(STAMP)
-	@for slug in $(SLUGS); do \
-	  echo "== $$slug ($(PRESET)) =="; \
-	  $(BIN)/python -m experiments.$$slug --config=configs/$$slug.py:$(PRESET) \
-	    --workdir=workdirs/$$slug-$(PRESET) || exit 1; \
-	done
-	$(BIN)/python -m experiments.report
+	$(BIN)/python -m experiments.reproduce --preset=$(PRESET) $(if $(ONLY),--only=$(ONLY))
 
 report: $(STAMP)
 	$(BIN)/python -m experiments.report

@@ -34,3 +34,26 @@ def test_configs_import_no_jax():
           "config.load_config('configs/precision_ls.py', 'smoke')\n"
           "assert 'jax' not in sys.modules, 'loading a config imported jax'\n")
   subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_every_folder_of_package_data_is_a_package():
+  """setuptools warns ("Package ... is absent from the `packages` configuration") for each data
+  folder its package finder does not list: every folder under jaxlab/ that ships files must be a
+  package that setup.cfg's finder finds (checked by hand too: a fresh `pip install -e .` with
+  setuptools 84 prints no such warning)."""
+  import configparser
+  import setuptools
+
+  setup = configparser.ConfigParser()
+  setup.read(ROOT / "setup.cfg")
+  finder = setup["options"]["packages"].strip()
+  include = setup["options.packages.find"]["include"].split()
+  find = {"find_namespace:": setuptools.find_namespace_packages,
+          "find:": setuptools.find_packages}[finder]
+  packages = set(find(where=str(ROOT), include=include))
+  shipped = {path.parent.relative_to(ROOT).as_posix().replace("/", ".")
+             for path in (ROOT / "jaxlab").rglob("*")
+             if path.is_file() and path.suffix not in (".py", ".pyc")
+             and "__pycache__" not in path.parts}
+  assert shipped, "no package data found"
+  assert shipped <= packages, sorted(shipped - packages)

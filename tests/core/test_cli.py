@@ -7,23 +7,48 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-def run_cli(*args, tmp_path):
+def run_cli(*args, tmp_path, config="configs/precision_ls.py:smoke"):
   env = dict(os.environ, JAX_NUM_CPU_DEVICES="8")
   return subprocess.run(
-      [sys.executable, "-m", "experiments.precision_ls",
-       "--config=configs/precision_ls.py:smoke", f"--workdir={tmp_path}", *args],
+      [sys.executable, "-m", "experiments.precision_ls", f"--config={config}",
+       f"--workdir={tmp_path}", *args],
       cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
 
 
-def test_unknown_override_key_is_named(tmp_path):
+def assert_one_line_config_error(result, expected):
+  """Status 2, no traceback: stderr is the one line `config error: <expected>`."""
+  assert result.returncode == 2, result.stderr
+  assert "Traceback" not in result.stderr
+  assert result.stderr.strip().splitlines() == [f"config error: {expected}"], result.stderr
+
+
+def test_unknown_override_key_is_one_line_with_a_suggestion(tmp_path):
   result = run_cli("--config.train.stepz=3", tmp_path=tmp_path)
-  assert result.returncode != 0
-  assert "stepz" in result.stderr and "steps" in result.stderr
+  assert_one_line_config_error(
+      result, "unknown key 'train.stepz' (did you mean 'train.steps'?)")
   assert not (tmp_path / "checkpoints").exists()
+
+
+def test_unknown_preset_is_one_line(tmp_path):
+  result = run_cli(tmp_path=tmp_path, config="configs/precision_ls.py:smok")
+  assert_one_line_config_error(
+      result, "unknown preset 'smok' (did you mean 'smoke'?); this config has smoke, quick, "
+              "paper")
+  result = run_cli(tmp_path=tmp_path, config="configs/precision_ls.py:long")
+  assert_one_line_config_error(
+      result, "unknown preset 'long'; this config has smoke, quick, paper")
+
+
+def test_wrong_value_type_is_one_line(tmp_path):
+  result = run_cli("--config.train.steps=many", tmp_path=tmp_path)
+  assert result.returncode == 2 and "Traceback" not in result.stderr
+  line, = result.stderr.strip().splitlines()
+  assert line.startswith("config error: config key 'train.steps' cannot take 'many'")
 
 
 def test_batch_not_divisible_by_devices_is_named(tmp_path):
   result = run_cli("--config.train.batch_size=12", tmp_path=tmp_path)
-  assert result.returncode != 0
-  assert "train.batch_size" in result.stderr and "8 devices" in result.stderr
+  assert result.returncode == 2 and "Traceback" not in result.stderr
+  assert result.stderr.strip().splitlines()[-1].startswith(
+      "config error: config key 'train.batch_size' = 12 is not divisible by the 8 devices")
   assert not any(tmp_path.rglob("checkpoints"))
