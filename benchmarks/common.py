@@ -19,13 +19,55 @@ RESULTS = pathlib.Path(__file__).resolve().parent / "RESULTS.md"
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 
 
-def preset_command_line(slug: str) -> tuple[argparse.Namespace, ml_collections.ConfigDict]:
+BRIEF_HELP = ("a GPU smoke check: the same measurements and table shape on a cut workload "
+              "(fewer timed steps and repeats, the smallest sizes), meant to finish in about "
+              "30 s on an H200; implies --no-append, its numbers are not for publishing. A flag "
+              "given explicitly wins over the value --brief would give it; the script's "
+              "docstring says what it cuts.")
+
+
+def add_brief_flag(parser: argparse.ArgumentParser) -> None:
+  parser.add_argument("--brief", action="store_true", help=BRIEF_HELP)
+
+
+def parse_args(parser: argparse.ArgumentParser, **brief_defaults) -> argparse.Namespace:
+  """`parser.parse_args()` with `--brief` added; under `--brief` the flags named in
+  `brief_defaults` default to those values instead (parsed twice, so a flag given explicitly
+  still wins, wherever it stands on the command line)."""
+  add_brief_flag(parser)
+  args = parser.parse_args()
+  if args.brief and brief_defaults:
+    parser.set_defaults(**brief_defaults)
+    args = parser.parse_args()
+  return args
+
+
+def appends(args: argparse.Namespace) -> bool:
+  """Whether a run adds its tables to RESULTS.md: not under --no-append, nor under --brief
+  (a smoke check's numbers are not results)."""
+  return not (args.no_append or args.brief)
+
+
+def cut(args: argparse.Namespace, full, to=2):
+  """`full`, or `to` under --brief (by default 2 timed calls: a smoke check needs no stable median,
+  and compiling, which `time_call`'s warm-up call does anyway, is what it checks)."""
+  return to if args.brief else full
+
+
+def brief_mark(args: argparse.Namespace) -> str:
+  """Appended to a section's heading, so a brief run's printout is never mistaken for results."""
+  return " [--brief smoke check, not results]" if args.brief else ""
+
+
+def preset_command_line(slug: str, brief_preset: str = "smoke"
+                        ) -> tuple[argparse.Namespace, ml_collections.ConfigDict]:
   """The command line of a benchmark that times one preset of configs/<slug>.py: `--preset`
-  (default quick) and `--no-append`; tunes the allocator and returns (args, config)."""
+  (default quick; `brief_preset` under --brief), `--no-append` and `--brief`; tunes the allocator
+  and returns (args, config)."""
   parser = argparse.ArgumentParser()
   parser.add_argument("--preset", default="quick")
   parser.add_argument("--no-append", action="store_true")
-  args = parser.parse_args()
+  args = parse_args(parser, preset=brief_preset)
   host.tune_allocator()
   return args, config_lib.load_config(CONFIGS / f"{slug}.py", args.preset)
 

@@ -1,7 +1,12 @@
 """diffusion_purification: PGD attack steps through the purifier, where an EOT step goes, and
 training steps per second.
 
-  python benchmarks/diffusion_purification_speed.py [--preset quick] [--no-append]
+  python benchmarks/diffusion_purification_speed.py [--preset quick] [--no-append] [--brief]
+
+--brief (a GPU smoke check; never appends): the smoke preset unless --preset is given (the FLOP
+counts compile the purifier with its scans unrolled, 41 reverse steps in the quick preset, 3 in
+smoke, on 8x8 images with EOT 2), every row as below, each timed over 2 calls instead of 10 to
+30.
 
 Prints, and appends to benchmarks/RESULTS.md (random-initialised networks, every parameter moved
 by 0.01 N(0, 1) so the zero-initialised output layer does not make the purifier the identity; a
@@ -32,7 +37,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
-from benchmarks.common import publish, machine, matmul_peak, preset_command_line, time_call, train_step_row, xla_flops  # pylint: disable=g-import-not-at-top
+from benchmarks.common import appends, brief_mark, cut, publish, machine, matmul_peak, preset_command_line, time_call, train_step_row, xla_flops  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.diffusion_purification import attacks  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.diffusion_purification import evaluation  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.diffusion_purification import models  # pylint: disable=g-import-not-at-top
@@ -83,13 +88,13 @@ def main() -> None:
   x = jax.random.uniform(x_key, (batch, *image_shape), minval=-1.0, maxval=1.0)
   y = jax.random.randint(y_key, (batch,), 0, models.NUM_CLASSES, jnp.int32)
 
-  peak = matmul_peak(jnp.float32)
+  peak = matmul_peak(jnp.float32, repeats=cut(args, 10))
   denoiser_desc = (f"residual MLP width {m.width}, {m.num_blocks} blocks"
                    if m.denoiser == "residual_mlp" else
                    f"UNet base {m.base_channels} channels, multipliers "
                    f"{tuple(m.channel_multipliers)}")
   lines = [f"\n## diffusion_purification attacks and training ({args.preset} preset), "
-           f"{machine()}\n\n",
+           f"{machine()}{brief_mark(args)}\n\n",
            f"{config.data.size}x{config.data.size} digits, denoiser {denoiser_desc}, "
            f"classifier MLP hidden "
            f"{tuple(m.classifier_hidden)}; T = {d.num_steps}, t* = {t_star} ({t_star + 1} reverse "
@@ -114,7 +119,7 @@ def main() -> None:
   eot_step_s = None
   for name, keys in protocols:
     step_args = (classifier_params, denoiser_params, x, y, keys)
-    seconds = time_call(step, *step_args, repeats=10)
+    seconds = time_call(step, *step_args, repeats=cut(args, 10))
     flops = unrolled_flops(pgd_step, *step_args)
     rolled = xla_flops(pgd_step, *step_args)
     eot_step_s = seconds if eot_step_s is None else eot_step_s
@@ -152,7 +157,7 @@ def main() -> None:
                f"{1e3 * eot_step_s:.1f} ms) goes, each part jitted alone:\n\n"
                "| part | ms | % of the EOT step |\n|---|---|---|\n")
   for name, fn, fn_args in parts:
-    ms = 1e3 * time_call(fn, *fn_args, repeats=10)
+    ms = 1e3 * time_call(fn, *fn_args, repeats=cut(args, 10))
     lines.append(f"| {name} | {ms:.2f} | {100 * ms / (1e3 * eot_step_s):.1f}% |\n")
     print(lines[-1], end="", flush=True)
 
@@ -175,16 +180,17 @@ def main() -> None:
       experiment = training.diffusion_experiment(
           config, config.train.steps, perturbation=perturbation, init_params=denoiser_init,
           classifier_params=classifier_init)
-    lines.append(train_step_row(name, experiment, data, rng, peak=peak, repeats=30,
+    lines.append(train_step_row(name, experiment, data, rng, peak=peak, repeats=cut(args, 30),
                                 count_flops=unrolled_flops))
     print(lines[-1], end="", flush=True)
   guidance = jax.random.normal(x_key, data["image"].shape)
-  rbgm_ms = 1e3 * time_call(jax.jit(rbgm.rank_gaussian_map), guidance, rng, repeats=30)
+  rbgm_ms = 1e3 * time_call(jax.jit(rbgm.rank_gaussian_map), guidance, rng,
+                            repeats=cut(args, 30))
   lines.append(f"\nRBGM alone on one training batch ({train_batch} x {image_shape}): "
                f"{rbgm_ms:.1f} ms per call, {iterations} calls per ADDT step (one argsort of "
                f"{config.data.size ** 2} values per image and channel; XLA's CPU sort).\n")
   print(lines[-1], end="", flush=True)
-  publish(lines, append=not args.no_append)
+  publish(lines, append=appends(args))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,11 @@
 """Throughput of the ENAMEL sandbox and the wall time of a full evaluation of one sample file.
 
-  python benchmarks/enamel_speed.py [--file humanevalplus-canonical] [--no-append]
+  python benchmarks/enamel_speed.py [--file humanevalplus-canonical] [--no-append] [--brief]
+
+--brief (a smoke check; never appends): the round trip as below (2,000 calls take a fraction of a
+second, fewer leave the start-up's jitter in the per-call figure), the full evaluation cut to the
+first 10 problems with 2 repeats per case instead of 6. It runs no JAX: its time is the
+sandbox's, on the CPU, whatever the machine's accelerator.
 
 Prints, and appends to benchmarks/RESULTS.md:
 * worker start-up time (one sandboxed process per sample and problem) and the per-call round trip
@@ -19,7 +24,7 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import publish, machine  # pylint: disable=g-import-not-at-top
+from benchmarks.common import appends, brief_mark, parse_args, publish, machine  # pylint: disable=g-import-not-at-top
 from jaxlab.core import config as config_lib  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.enamel import problems  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.enamel import reproduction  # pylint: disable=g-import-not-at-top
@@ -45,11 +50,14 @@ def main() -> None:
   parser.add_argument("--file", default="humanevalplus-canonical")
   parser.add_argument("--workdir", default="/tmp/enamel_speed")
   parser.add_argument("--no-append", action="store_true")
-  args = parser.parse_args()
+  args = parse_args(parser)
   startup, per_call = startup_and_round_trip()
+  overrides = {"train": {"progress": False}}
+  if args.brief:
+    # train.steps caps the problems evaluated; 2 repeats per case, as in the smoke preset.
+    overrides = {"train": {"progress": False, "steps": 10}, "eval": {"num_repeats": 2}}
   config = config_lib.with_overrides(
-      config_lib.load_config(ROOT / "configs" / "enamel.py", "quick"),
-      {"train": {"progress": False}})
+      config_lib.load_config(ROOT / "configs" / "enamel.py", "quick"), overrides)
   all_problems = problems.load_problems()
   indices = reproduction.problem_indices(config)
   tests = testgen.load_tests(all_problems, indices)
@@ -62,7 +70,7 @@ def main() -> None:
   summary = reproduction.evaluate_file(samples, indices, all_problems, tests, config,
                                        str(workdir), args.file)
   wall = time.perf_counter() - start
-  text = (f"\n## enamel sandbox and full evaluation, {machine()}\n\n"
+  text = (f"\n## enamel sandbox and full evaluation, {machine()}{brief_mark(args)}\n\n"
           f"| measure | value |\n|---|---|\n"
           f"| worker start-up (spawn, limits, exec of a trivial program) | {startup * 1e3:.1f} ms |\n"
           f"| round trip per call once the worker is up | {per_call * 1e6:.0f} µs |\n"
@@ -74,7 +82,7 @@ def main() -> None:
           f"| pass@1 / eff@1 of that run | {summary['pass@1']:.4f} / {summary['eff@1']:.4f} |\n"
           f"\nOfficial evaluator (enam 0.2.0) on a 2-core CPU: about 60 s per sample file once "
           f"the tests exist; target: under 120 s.\n")
-  publish([text], append=not args.no_append)
+  publish([text], append=appends(args))
 
 
 if __name__ == "__main__":

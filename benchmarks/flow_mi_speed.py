@@ -1,6 +1,10 @@
 """Training speed of the flow_mi estimators, end-to-end `estimate` time, and a step profile.
 
-  python benchmarks/flow_mi_speed.py [--estimate-steps 500] [--no-append]
+  python benchmarks/flow_mi_speed.py [--estimate-steps 500] [--no-append] [--brief]
+
+--brief (a GPU smoke check; never appends): every estimator timed over one 250-step chunk instead
+of four (scaled to 1,000 steps), `--estimate-steps` 250 unless given (one chunk), the step
+profile over 5 calls instead of 50.
 
 Reference setting (the issue's): the 5x5 dense Gaussian (off-diagonal 0.5), N = 10,000 (5,000 to
 train), batch 256, one masked-autoregressive RQ-spline layer of width 8 and depth 2, 128 bins on
@@ -29,7 +33,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
-from benchmarks.common import publish, machine, matmul_peak, time_call, xla_flops  # pylint: disable=g-import-not-at-top
+from benchmarks.common import appends, brief_mark, cut, parse_args, publish, machine, matmul_peak, time_call, xla_flops  # pylint: disable=g-import-not-at-top
 from jaxlab.core import host  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.flow_mi import estimators  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.flow_mi import fitting  # pylint: disable=g-import-not-at-top
@@ -49,7 +53,8 @@ def reference_data() -> fitting.FitData:
   return jax.tree.map(lambda a: a[None], split)
 
 
-def bench_training(method: str, data: fitting.FitData) -> dict[str, float]:
+def bench_training(method: str, data: fitting.FitData, chunks: int = 4) -> dict[str, float]:
+  """Seconds per 1,000 steps (timed over `chunks` 250-step chunks), compile seconds, GFLOP/s."""
   trainable = estimators.trainable(method, 5, 5, OPTIONS)
   schedule = OPTIONS.schedule()
   chunk = fitting.chunk_function(trainable, schedule)
@@ -63,10 +68,10 @@ def bench_training(method: str, data: fitting.FitData) -> dict[str, float]:
   state, metrics = chunk(*args)
   jax.block_until_ready(metrics)
   start = time.perf_counter()
-  for begin in range(250, 1250, 250):
+  for begin in range(250, 250 * (chunks + 1), 250):
     state, metrics = chunk(state, data, keys, jnp.asarray(begin), jnp.asarray(begin + 250))
   jax.block_until_ready(metrics)
-  seconds = time.perf_counter() - start
+  seconds = (time.perf_counter() - start) * 4 / chunks
   return {"per_1000": seconds, "compile": compile_s, "gflops": flops / seconds / 1e9}
 
 
@@ -110,7 +115,7 @@ print(total, total - (time.perf_counter() - start))
   return total, compile_s
 
 
-def profile_jvf_step(data: fitting.FitData) -> list[tuple[str, float]]:
+def profile_jvf_step(data: fitting.FitData, repeats: int = 50) -> list[tuple[str, float]]:
   """Milliseconds of the parts of one JVF training step (each jitted on its own)."""
   trainable = estimators.trainable("jvf", 5, 5, OPTIONS)
   params = trainable.model.init(jax.random.key(0))
@@ -129,7 +134,6 @@ def profile_jvf_step(data: fitting.FitData) -> list[tuple[str, float]]:
   grads = grad(params, x, y, key)
   update = jax.jit(lambda g, s, p: trainable.optimizer.update(g, s, p))
   flows_only = jax.jit(lambda p, x, y: trainable.model.module(p)(x, y))
-  repeats = 50
   return [
       ("minibatch draw (top-k of uniform keys)", 1e3 * time_call(jax.jit(draw), key,
                                                                  repeats=repeats)),
@@ -145,13 +149,13 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--estimate-steps", type=int, default=500)
   parser.add_argument("--no-append", action="store_true")
-  args = parser.parse_args()
+  args = parse_args(parser, estimate_steps=250)
   host.tune_allocator()
-  peak = matmul_peak(jnp.float32)
+  peak = matmul_peak(jnp.float32, repeats=cut(args, 10))
   data = reference_data()
   rows = []
   for method in estimators.TRAINED_METHODS:
-    result = bench_training(method, data)
+    result = bench_training(method, data, chunks=cut(args, 4, to=1))
     official = OFFICIAL_PER_1000.get(method)
     speedup = f"{official / result['per_1000']:.1f}x" if official else "—"
     rows.append(f"| {method} | {result['per_1000']:.1f} | {official or '—'} | {speedup} | "
@@ -162,8 +166,8 @@ def main() -> None:
     total, compile_s = bench_estimate(method, args.estimate_steps)
     estimate_rows.append(f"| {method} | {args.estimate_steps} | {total:.1f} | {compile_s:.1f} | "
                          f"{OFFICIAL_ESTIMATE[method]:.0f} |\n")
-  profile = profile_jvf_step(data)
-  text = (f"\n## flow_mi estimators, {machine()}\n\n"
+  profile = profile_jvf_step(data, repeats=cut(args, 50, to=5))
+  text = (f"\n## flow_mi estimators, {machine()}{brief_mark(args)}\n\n"
           f"{TASK}, N = {NUM_SAMPLES}, batch 256, one MAF RQ-spline layer (width 8, depth 2, "
           f"128 bins), float32. Matmul peak (jitted 2048x2048 jnp.dot): {peak:.0f} GFLOP/s.\n\n"
           "| estimator | s / 1000 steps | official s / 1000 | speed-up | compile s | GFLOP/s | "
@@ -174,7 +178,7 @@ def main() -> None:
           "\nWhere one JVF training step goes (each part jitted alone, batch 256):\n\n"
           "| part | ms |\n|---|---|\n" +
           "".join(f"| {name} | {ms:.2f} |\n" for name, ms in profile))
-  publish([text], append=not args.no_append)
+  publish([text], append=appends(args))
 
 
 if __name__ == "__main__":

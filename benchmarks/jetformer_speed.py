@@ -1,10 +1,14 @@
 """Train-step speed of the jetformer quick configuration, with a profile of one step.
 
-  python benchmarks/jetformer_speed.py [--steps 50] [--no-append]
+  python benchmarks/jetformer_speed.py [--steps 50] [--no-append] [--brief]
 
 Prints steps/s and achieved GFLOP/s (XLA's cost analysis of the compiled update) of every quick
 variant next to this machine's matmul peak, and where one JetFormer step goes (flow forward, decoder
 forward, loss + gradient, optimiser), then appends the tables to benchmarks/RESULTS.md.
+
+--brief (a GPU smoke check; never appends): every variant and part as above, on the quick preset
+(the smoke preset's smaller model compiles barely faster), timed over 5 steps instead of 50
+(`--steps` given explicitly wins) and 3 calls per part instead of 30.
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
-from benchmarks.common import publish, machine, matmul_peak, seconds_per_update, time_call  # pylint: disable=g-import-not-at-top
+from benchmarks.common import appends, brief_mark, cut, parse_args, publish, machine, matmul_peak, seconds_per_update, time_call  # pylint: disable=g-import-not-at-top
 from jaxlab.core import config as config_lib  # pylint: disable=g-import-not-at-top
 from jaxlab.core import host  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.jetformer import reproduction  # pylint: disable=g-import-not-at-top
@@ -47,7 +51,7 @@ def bench_variant(config, steps: int) -> tuple[float, float, float]:
   return 1 / seconds, flops / seconds / 1e9, compile_s
 
 
-def profile(config) -> list[tuple[str, float]]:
+def profile(config, repeats: int = 30) -> list[tuple[str, float]]:
   """Milliseconds of the parts of one JetFormer step, each jitted alone."""
   functional = training.make_model(config)
   params = functional.init(jax.random.key(0))
@@ -72,12 +76,12 @@ def profile(config) -> list[tuple[str, float]]:
   grads = jax.jit(jax.grad(loss))(params)
   z, _ = jax.jit(flow)(params)
   return [
-      ("Jet forward (8 couplings)", 1e3 * time_call(jax.jit(flow), params, repeats=30)),
-      ("decoder forward", 1e3 * time_call(jax.jit(decoder), params, z, repeats=30)),
-      ("loss forward", 1e3 * time_call(jax.jit(loss), params, repeats=30)),
-      ("loss + gradient", 1e3 * time_call(jax.jit(jax.grad(loss)), params, repeats=30)),
+      ("Jet forward (8 couplings)", 1e3 * time_call(jax.jit(flow), params, repeats=repeats)),
+      ("decoder forward", 1e3 * time_call(jax.jit(decoder), params, z, repeats=repeats)),
+      ("loss forward", 1e3 * time_call(jax.jit(loss), params, repeats=repeats)),
+      ("loss + gradient", 1e3 * time_call(jax.jit(jax.grad(loss)), params, repeats=repeats)),
       ("AdamW update", 1e3 * time_call(jax.jit(optimizer.update), grads, opt_state, params,
-                                       repeats=30)),
+                                       repeats=repeats)),
   ]
 
 
@@ -85,9 +89,9 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--steps", type=int, default=50)
   parser.add_argument("--no-append", action="store_true")
-  args = parser.parse_args()
+  args = parse_args(parser, steps=5)
   host.tune_allocator()
-  peak = matmul_peak(jnp.float32)
+  peak = matmul_peak(jnp.float32, repeats=cut(args, 10))
   config = config_lib.load_config(CONFIG, "quick")
   rows = []
   for name in reproduction.selected_variants(config):
@@ -95,14 +99,14 @@ def main() -> None:
                                                    args.steps)
     rows.append(f"| {name} | {steps_per_s:.1f} | {compile_s:.1f} | {gflops:.2f} | "
                 f"{100 * gflops / peak:.2f}% |\n")
-  parts = profile(config)
-  text = (f"\n## jetformer quick train step, {machine()}\n\n"
+  parts = profile(config, repeats=cut(args, 30, to=3))
+  text = (f"\n## jetformer quick train step, {machine()}{brief_mark(args)}\n\n"
           f"Batch {config.train.batch_size}, 8x8 digits, 16 tokens x 4 dims. Matmul peak (jitted "
           f"2048x2048 jnp.dot): {peak:.0f} GFLOP/s float32.\n\n"
           "| variant | steps/s | compile s | GFLOP/s | % of matmul peak |\n|---|---|---|---|---|\n"
           + "".join(rows) + "\nWhere one JetFormer step goes (each part jitted alone):\n\n"
           "| part | ms |\n|---|---|\n" + "".join(f"| {n} | {ms:.1f} |\n" for n, ms in parts))
-  publish([text], append=not args.no_append)
+  publish([text], append=appends(args))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,10 @@
 """Lotus UNet: training steps per second and inference images per second per variant.
 
-  python benchmarks/lotus_speed.py [--preset quick] [--no-append]
+  python benchmarks/lotus_speed.py [--preset quick] [--no-append] [--brief]
+
+--brief (a GPU smoke check; never appends): the smoke preset unless --preset is given (a 2-level,
+8-channel UNet on 16x16 images, batch 8: the smallest sizes, and a somewhat shorter compile than
+quick's), every step, variant and part as below, each timed over 2 calls instead of 3 to 5.
 
 Prints, and appends to benchmarks/RESULTS.md:
 * train steps/s of the prior and of each variant's fine-tuning step (batch of the preset), with
@@ -19,7 +23,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
-from benchmarks.common import publish, machine, matmul_peak, preset_command_line, time_call, train_step_row  # pylint: disable=g-import-not-at-top
+from benchmarks.common import appends, brief_mark, cut, publish, machine, matmul_peak, preset_command_line, time_call, train_step_row  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.lotus import training  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.lotus import variants  # pylint: disable=g-import-not-at-top
 
@@ -30,15 +34,16 @@ def main() -> None:
   rng = jax.random.key(0)
   data = {"image": jax.random.uniform(rng, (batch, size, size, 3)) * 2 - 1,
           "depth_target": jax.random.uniform(rng, (batch, size, size, 3)) * 2 - 1}
-  peak = matmul_peak(jnp.float32)
-  lines = [f"\n## lotus UNet ({args.preset} preset), {machine()}\n\n",
+  peak = matmul_peak(jnp.float32, repeats=cut(args, 10))
+  lines = [f"\n## lotus UNet ({args.preset} preset), {machine()}{brief_mark(args)}\n\n",
            f"UNet base {config.model.base_channels} channels, multipliers "
            f"{tuple(config.model.channel_multipliers)}, {size}x{size}, batch {batch}. Matmul "
            f"peak (jitted 2048x2048 jnp.dot): {peak:.0f} GFLOP/s float32.\n\n",
            "| step | steps/s | GFLOP/step | GFLOP/s | % of peak |\n|---|---|---|---|---|\n"]
   for name in [None, *variants.VARIANTS]:
     experiment = training.make_experiment(config, variant=name, task="depth")
-    lines.append(train_step_row(name or "prior", experiment, data, rng, peak=peak, repeats=5))
+    lines.append(train_step_row(name or "prior", experiment, data, rng, peak=peak,
+                                repeats=cut(args, 5)))
     print(lines[-1], end="", flush=True)
 
   lines.append("\n| variant | inference images/s | network calls per image |\n|---|---|---|\n")
@@ -46,7 +51,7 @@ def main() -> None:
   images = jnp.tile(data["image"], (max(1, config.eval.batch_size // batch), 1, 1, 1))
   for name, variant in variants.VARIANTS.items():
     predict = training.predictor(config, name)
-    seconds = time_call(predict, params, images, rng, repeats=3)
+    seconds = time_call(predict, params, images, rng, repeats=cut(args, 3))
     calls = 1 if variant.single_step else config.diffusion.sample_steps
     lines.append(f"| {name} | {images.shape[0] / seconds:.0f} | {calls} |\n")
     print(lines[-1], end="", flush=True)
@@ -70,8 +75,8 @@ def main() -> None:
   lines.append("\nWhere one Lotus-G fine-tuning step goes (each part jitted alone):\n\n"
                "| part | ms |\n|---|---|\n")
   for name, fn, fn_args in parts:
-    lines.append(f"| {name} | {1e3 * time_call(fn, *fn_args, repeats=5):.1f} |\n")
-  publish(lines, append=not args.no_append)
+    lines.append(f"| {name} | {1e3 * time_call(fn, *fn_args, repeats=cut(args, 5)):.1f} |\n")
+  publish(lines, append=appends(args))
 
 
 if __name__ == "__main__":

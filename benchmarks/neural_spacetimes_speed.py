@@ -1,6 +1,11 @@
 """Full-batch training speed of Neural SpaceTimes, and the distortion reached, vs the official code.
 
-  python benchmarks/neural_spacetimes_speed.py [--epochs 5000] [--no-append]
+  python benchmarks/neural_spacetimes_speed.py [--epochs 5000] [--no-append] [--brief]
+
+--brief (a GPU smoke check; never appends): every model and replica count as below, each
+100-epoch chunk timed over 2 calls instead of 5, and the end-to-end fit of 500 epochs (one chunk)
+instead of 5,000 (`--epochs` given explicitly wins), so the distortion it reaches does not
+compare with the official 5,000-epoch figures.
 
 Reference setting (the issue's): synthetic metric type 1, 50 nodes, p = 0.9 (~1,100 edges), seed
 123, space and time dimension 2, encoder 10 x 100, quasi-metric and partial order of depth 4 and
@@ -27,7 +32,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
-from benchmarks.common import publish, machine, time_call  # pylint: disable=g-import-not-at-top
+from benchmarks.common import appends, brief_mark, cut, parse_args, publish, machine, time_call  # pylint: disable=g-import-not-at-top
 from jaxlab.core import host  # pylint: disable=g-import-not-at-top
 from jaxlab.core import parallel  # pylint: disable=g-import-not-at-top
 from jaxlab.core import replicas  # pylint: disable=g-import-not-at-top
@@ -43,7 +48,7 @@ SEED = 123
 
 
 def seconds_per_100(spec: models.SpacetimeSpec, graph: dags.WeightedDag, num_replicas: int,
-                    mesh) -> tuple[float, float]:
+                    mesh, repeats: int = 5) -> tuple[float, float]:
   """(steady-state seconds per 100 epochs of all replicas, compile seconds)."""
   schedule = training.Schedule(epochs=0, chunk_epochs=100, ckpt_every=0)
   keys = replicas.place(jax.random.split(jax.random.key(SEED), num_replicas), mesh)
@@ -61,18 +66,18 @@ def seconds_per_100(spec: models.SpacetimeSpec, graph: dags.WeightedDag, num_rep
     holder["state"], metrics = compiled(holder["state"], *args)
     return metrics
 
-  return time_call(run_chunk, repeats=5), compile_s
+  return time_call(run_chunk, repeats=repeats), compile_s
 
 
 def main() -> None:
   parser = argparse.ArgumentParser()
   parser.add_argument("--epochs", type=int, default=5000)
   parser.add_argument("--no-append", action="store_true")
-  args = parser.parse_args()
+  args = parse_args(parser, epochs=500)
   host.tune_allocator()
   mesh = parallel.make_mesh()
   graph = dags.synthetic_dag("type1", num_nodes=50, p=0.9, seed=SEED)
-  lines = [f"\n## neural_spacetimes full-batch training, {machine()}\n\n",
+  lines = [f"\n## neural_spacetimes full-batch training, {machine()}{brief_mark(args)}\n\n",
            f"Synthetic type 1, {graph.num_nodes} nodes, {graph.num_edges} edges, drawn by "
            f"`{graph.layout}`; encoder 10 x 100; every edge in every step. Official PyTorch code "
            f"(2-core CPU): {OFFICIAL_S_PER_100} s per 100 epochs.\n\n",
@@ -81,7 +86,8 @@ def main() -> None:
   for kind in models.MODELS:
     for num_replicas in (1, 5):
       spec = models.SpacetimeSpec(kind, 2)
-      seconds, compile_s = seconds_per_100(spec, graph, num_replicas, mesh)
+      seconds, compile_s = seconds_per_100(spec, graph, num_replicas, mesh,
+                                           repeats=cut(args, 5))
       lines.append(f"| {kind} | 2 | {num_replicas} | {seconds:.3f} | "
                    f"{seconds / num_replicas:.3f} | {compile_s:.1f} |\n")
       print(lines[-1], end="", flush=True)
@@ -99,7 +105,7 @@ def main() -> None:
                "| metric | jaxlab | official |\n|---|---|---|\n")
   for name, value in final.items():
     lines.append(f"| {name} | {value:.3f} | {OFFICIAL_FINAL[name]} |\n")
-  publish(lines, append=not args.no_append)
+  publish(lines, append=appends(args))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Train-step speed of precision_ls models against this machine's matmul peak.
 
-  python benchmarks/precision_ls_speed.py [--steps 40] [--batch 1024] [--no-append]
+  python benchmarks/precision_ls_speed.py [--steps 40] [--batch 1024] [--no-append] [--brief]
 
 Reference configuration (the paper's explicit-gradient setting): 3 layers, width 64, no MLP, no
 LayerNorm, d=5, n=20, batch 1024, Adam with the recipe (eps 1e-16, EMA filter). Prints steps/s and
@@ -14,6 +14,10 @@ machine's matmul peak: no implementation can exceed it. "PyTorch here" is
 quoted; torch is not a jaxlab dependency). "Microbatch" rows compute the same batch-1024 gradient
 as 8 accumulated microbatches of 128 (`jaxlab/core/microbatch.py`): each microbatch's activations
 fit the 2 MiB of per-core L2 cache, which the whole batch's do not.
+
+--brief (a GPU smoke check; never appends): every row as above, each step timed over 4 windows of
+1 step (`--steps 4`) on batch 256 (2 microbatches of 128) unless `--steps` / `--batch` are given,
+which win; the PyTorch and official columns stay the batch-1024 figures.
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
-from benchmarks.common import append_results, matmul_peak, seconds_per_update  # pylint: disable=g-import-not-at-top
+from benchmarks.common import append_results, appends, brief_mark, cut, matmul_peak, parse_args, seconds_per_update  # pylint: disable=g-import-not-at-top
 from jaxlab.core import config as config_lib  # pylint: disable=g-import-not-at-top
 from jaxlab.core import host  # pylint: disable=g-import-not-at-top
 from jaxlab.data import least_squares  # pylint: disable=g-import-not-at-top
@@ -89,11 +93,12 @@ def main() -> None:
   parser.add_argument("--microbatch", type=int, default=128,
                       help="the accumulated-microbatch rows' microbatch size")
   parser.add_argument("--no-append", action="store_true")
-  args = parser.parse_args()
+  args = parse_args(parser, steps=4, batch=256)
   host.tune_allocator()
 
   with jax.enable_x64(True):
-    peak = {"float32": matmul_peak(jnp.float32), "float64": matmul_peak(jnp.float64)}
+    peak = {"float32": matmul_peak(jnp.float32, repeats=cut(args, 10)),
+            "float64": matmul_peak(jnp.float64, repeats=cut(args, 10))}
   rows = []
   settings = [("baseconv", "toeplitz", 0), ("baseconv", "toeplitz", args.microbatch),
               ("baseconv", "fft", args.microbatch), ("softmax", "-", 0),
@@ -113,7 +118,7 @@ def main() -> None:
 
   header = (f"\n## precision_ls train step, {datetime.date.today()} "
             f"({platform.machine()}, {os.cpu_count()} cores, {jax.devices()[0].platform}, "
-            f"jax {jax.__version__}, batch {args.batch})\n\n"
+            f"jax {jax.__version__}, batch {args.batch}){brief_mark(args)}\n\n"
             f"Matmul peak (jitted 2048x2048 jnp.dot): {peak['float32']:.0f} GFLOP/s float32, "
             f"{peak['float64']:.0f} GFLOP/s float64. Steps/s: median of 4 windows of "
             f"{args.steps // 4} steps.\n\n"
@@ -123,7 +128,7 @@ def main() -> None:
             "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
   table = header + "".join(rows)
   print(table)
-  if not args.no_append:
+  if appends(args):
     append_results(table)
 
 

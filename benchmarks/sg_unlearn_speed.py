@@ -1,6 +1,6 @@
 """Speed of one SG unlearning epoch: the retain (FT) pass and the auditor + implicit step.
 
-  python benchmarks/sg_unlearn_speed.py [--no-append]
+  python benchmarks/sg_unlearn_speed.py [--no-append] [--brief]
 
 Setting: the quick preset (noisy digits, 500 training images, MLP 64-256-256-10, batch 128, the
 auditor's 10 classes x 3 folds of logistic attackers, 12 Newton steps), every seed and alpha of
@@ -12,6 +12,9 @@ Prints, and appends to benchmarks/RESULTS.md:
 * where the adversarial step's time goes (each part jitted alone): the scores' forward, the
   attackers' Newton solves, the utility with its implicit gradient;
 * achieved GFLOP/s (XLA's cost analysis) next to the machine's measured matmul peak.
+
+--brief (a GPU smoke check; never appends): every row as above, each 5-epoch call timed once
+after its warm-up instead of 3 times, each profiled part over 3 calls instead of 20.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 import numpy as np  # pylint: disable=g-import-not-at-top
 
-from benchmarks.common import publish, machine, matmul_peak, time_call, xla_flops  # pylint: disable=g-import-not-at-top
+from benchmarks.common import appends, brief_mark, cut, parse_args, publish, machine, matmul_peak, time_call, xla_flops  # pylint: disable=g-import-not-at-top
 from jaxlab.core import config as config_lib  # pylint: disable=g-import-not-at-top
 from jaxlab.core import host  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.sg_unlearn import auditor  # pylint: disable=g-import-not-at-top
@@ -51,7 +54,7 @@ def replicas(config, splits, num_seeds: int, alphas: list[float]):
       samples * len(alphas))
 
 
-def seconds_per_epoch(model, recipe, inputs, x_train) -> float:
+def seconds_per_epoch(model, recipe, inputs, x_train, repeats: int = 3) -> float:
   chunk = unlearning.vectorize(unlearning.replica_chunk(model, recipe))
   params = jax.vmap(model.init)(inputs.key)
   holder = {"state": jax.vmap(lambda p: unlearning.init_state(p, recipe))(params)}
@@ -60,13 +63,13 @@ def seconds_per_epoch(model, recipe, inputs, x_train) -> float:
   def run():
     holder["state"], metrics = chunk(holder["state"], *args)
     return metrics
-  return time_call(run, repeats=3) / CHUNK
+  return time_call(run, repeats=repeats) / CHUNK
 
 
 def main() -> None:
   parser = argparse.ArgumentParser()
   parser.add_argument("--no-append", action="store_true")
-  args = parser.parse_args()
+  args = parse_args(parser)
   host.tune_allocator()
   config = config_lib.load_config(ROOT / "configs" / "sg_unlearn.py", "quick")
   splits = data_lib.load_splits(config.data.num_train, seed=config.data.split_seed,
@@ -76,10 +79,10 @@ def main() -> None:
   sg = dataclasses.replace(reproduction.recipe(config, "sg", len(splits.y_train)),
                            chunk_epochs=CHUNK)
   ft = dataclasses.replace(sg, adversarial=False)
-  peak = matmul_peak(jnp.float32)
+  peak = matmul_peak(jnp.float32, repeats=cut(args, 10))
   alphas = [0.0, *config.auditor.alphas]
 
-  lines = [f"\n## sg_unlearn unlearning epoch, {machine()}\n\n",
+  lines = [f"\n## sg_unlearn unlearning epoch, {machine()}{brief_mark(args)}\n\n",
            f"Quick preset: {len(splits.y_train)} noisy digits, MLP 64-{'-'.join(map(str, config.model.hidden))}-10, "
            f"batch {config.train.batch_size}, auditor 10 classes x {config.auditor.folds} folds, "
            f"{config.auditor.newton_steps} Newton steps. Matmul peak (jitted 2048x2048 jnp.dot): "
@@ -89,8 +92,8 @@ def main() -> None:
   for num_seeds, alpha_list in ((1, [1.0]), (config.data.num_seeds, alphas)):
     inputs = replicas(config, splits, num_seeds, alpha_list)
     count = inputs.alpha.shape[0]
-    epoch_s = seconds_per_epoch(model, sg, inputs, x_train)
-    retain_s = seconds_per_epoch(model, ft, inputs, x_train)
+    epoch_s = seconds_per_epoch(model, sg, inputs, x_train, repeats=cut(args, 3, to=1))
+    retain_s = seconds_per_epoch(model, ft, inputs, x_train, repeats=cut(args, 3, to=1))
     adversarial_s = epoch_s - retain_s
     flops = count * epoch_flops(model, sg, inputs, x_train)
     lines.append(f"| {count} | {epoch_s:.4f} | {retain_s:.4f} | {adversarial_s:.4f} | "
@@ -99,9 +102,10 @@ def main() -> None:
 
   lines.append("\nWhere one adversarial step goes (one replica, each part jitted alone):\n\n"
                "| part | ms |\n|---|---|\n")
-  for name, ms in profile(model, sg, replicas(config, splits, 1, [1.0])):
+  for name, ms in profile(model, sg, replicas(config, splits, 1, [1.0]),
+                          repeats=cut(args, 20, to=3)):
     lines.append(f"| {name} | {ms:.2f} |\n")
-  publish(lines, append=not args.no_append)
+  publish(lines, append=appends(args))
 
 
 def one_replica(tree):
@@ -125,7 +129,7 @@ def epoch_flops(model, recipe, inputs, x_train) -> float:
           + xla_flops(adversarial_step, params))
 
 
-def profile(model, recipe, inputs):
+def profile(model, recipe, inputs, repeats: int = 20):
   inputs1 = one_replica(inputs)
   params = model.init(inputs1.key)
   samples = inputs1.auditor
@@ -144,7 +148,7 @@ def profile(model, recipe, inputs):
   parts = [("scores forward (MLP on forget + validation samples)", jax.jit(scores), params),
            ("attackers' Newton solves (10 classes x 3 folds)", jax.jit(solves), s),
            ("utility + implicit gradient w.r.t. the network", jax.jit(utility_and_grad), params)]
-  return [(name, 1e3 * time_call(fn, arg, repeats=20)) for name, fn, arg in parts]
+  return [(name, 1e3 * time_call(fn, arg, repeats=repeats)) for name, fn, arg in parts]
 
 
 if __name__ == "__main__":

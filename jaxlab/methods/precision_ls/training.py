@@ -97,7 +97,7 @@ def make_experiment(config: ml_collections.ConfigDict,
   def update(state, batch, rng):
     params = state["params"]
     loss, grads = microbatch.value_and_grad(loss_fn, config.train.microbatch)(params, cast(batch))
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)   # optax.global_norm is deprecated
     skip = recipe.should_skip(grad_norm, optim.skip_norm)
     direction, opt_state = transform.update(grads, state["opt_state"], params)
     new_params = recipe.apply_updates(params, direction, state["schedule"]["lr"])
