@@ -35,7 +35,16 @@ _WORKDIR = flags.DEFINE_string(
     "restarted with the same workdir resumes. Default: workdirs/<slug>-<preset>.")
 _DISTRIBUTED = flags.DEFINE_bool(
     "distributed", False, "Call jax.distributed.initialize() first (multi-host TPU/GPU pods; "
-    "also enabled by JAXLAB_DISTRIBUTED=1).")
+    "also enabled by JAXLAB_DISTRIBUTED=1). Without the three flags below JAX detects the "
+    "cluster (TPU pods, Slurm, Kubernetes).")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "With --distributed: host:port of process 0's coordinator.")
+_NUM_PROCESSES = flags.DEFINE_integer(
+    "num_processes", None, "With --distributed: how many processes take part.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "With --distributed: this process's id.")
+_HEARTBEAT = flags.DEFINE_integer(
+    "heartbeat_timeout_seconds", None, "With --distributed: how long the others wait for a "
+    "process that stopped answering before they fail (JAX's default: 100 s).")
 
 ExperimentMain = Callable[[ml_collections.ConfigDict, str], Any]
 
@@ -128,7 +137,14 @@ def run(experiment_main: ExperimentMain) -> None:
       logging.set_verbosity(logging.WARNING)
     if len(argv) > 1:
       raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    parallel.maybe_init_distributed(_DISTRIBUTED.value or None)
+    explicit = dict(coordinator_address=_COORDINATOR.value, num_processes=_NUM_PROCESSES.value,
+                    process_id=_PROCESS_ID.value, heartbeat_timeout_seconds=_HEARTBEAT.value)
+    enabled = _DISTRIBUTED.value or None
+    if any(v is not None for v in explicit.values()) and not (
+        enabled or os.environ.get("JAXLAB_DISTRIBUTED") == "1"):
+      raise app.UsageError("--coordinator_address, --num_processes, --process_id and "
+                           "--heartbeat_timeout_seconds need --distributed")
+    parallel.maybe_init_distributed(enabled, **explicit)
     host.tune_allocator()
     config = _CONFIG.value
     if config is None:

@@ -23,16 +23,29 @@ DATA_AXIS = "data"
 _distributed_initialized = False
 
 
-def maybe_init_distributed(enabled: bool | None = None) -> bool:
-  """Calls `jax.distributed.initialize()` for multi-host runs (TPU pods, Slurm, MPI).
+# CPU processes exchange collectives through gloo (JAX 0.10's CPU client has no other
+# cross-process implementation); accelerators use their own and ignore this setting.
+CPU_COLLECTIVES = "gloo"
 
-  Enabled by `--distributed` or `JAXLAB_DISTRIBUTED=1`. Must run before any other JAX call.
+
+def maybe_init_distributed(enabled: bool | None = None, *, coordinator_address: str | None = None,
+                           num_processes: int | None = None, process_id: int | None = None,
+                           heartbeat_timeout_seconds: int | None = None) -> bool:
+  """Calls `jax.distributed.initialize()` for multi-host runs (TPU pods, Slurm, MPI, or several
+  CPU processes on one machine).
+
+  Enabled by `--distributed` or `JAXLAB_DISTRIBUTED=1`. The coordinator address, process count and
+  process id are passed on where given; where absent, JAX detects them from the cluster (TPU
+  pods, Slurm, Kubernetes). Must run before any other JAX call.
   """
   global _distributed_initialized
   if enabled is None:
     enabled = os.environ.get("JAXLAB_DISTRIBUTED", "0") == "1"
   if enabled and not _distributed_initialized:
-    jax.distributed.initialize()
+    jax.config.update("jax_cpu_collectives_implementation", CPU_COLLECTIVES)
+    given = dict(coordinator_address=coordinator_address, num_processes=num_processes,
+                 process_id=process_id, heartbeat_timeout_seconds=heartbeat_timeout_seconds)
+    jax.distributed.initialize(**{k: v for k, v in given.items() if v is not None})
     _distributed_initialized = True
   return enabled
 

@@ -1,0 +1,78 @@
+"""A two-process "pod" on this machine: 2 JAX processes x 4 CPU devices, talking over localhost,
+against 1 process x 8 devices."""
+import json
+
+import numpy as np
+import pytest
+
+from tests.multihost import launch
+
+# Metrics differ across the two layouts only by the order of floating-point reductions (the
+# all-reduce over 8 devices is split over two processes): equal to this relative tolerance.
+RTOL = 1e-6
+
+
+def numbers(metrics, prefix=""):
+  out = {}
+  for key, value in metrics.items():
+    if isinstance(value, dict):
+      out.update(numbers(value, f"{prefix}{key}."))
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+      out[f"{prefix}{key}"] = float(value)
+    elif isinstance(value, list) and all(isinstance(v, (int, float)) for v in value):
+      out[f"{prefix}{key}"] = np.asarray(value, np.float64)
+  return out
+
+
+def assert_ran(processes):
+  for p in processes:
+    assert p.returncode == 0, f"process {p.process_id} exited {p.returncode}:\n{p.output[-3000:]}"
+
+
+@pytest.fixture(scope="module")
+def precision_ls_runs(tmp_path_factory):
+  root = tmp_path_factory.mktemp("precision_ls")
+  single = launch.run_single("precision_ls", "smoke", root / "single")
+  assert single.returncode == 0, single.stderr[-3000:]
+  pod = launch.launch("precision_ls", "smoke", root / "pod")
+  assert_ran(pod)
+  return root / "single", root / "pod"
+
+
+def test_two_processes_give_the_metrics_of_one(precision_ls_runs):
+  single_dir, pod_dir = precision_ls_runs
+  single = json.loads((single_dir / "results.json").read_text())
+  pod = json.loads((pod_dir / "results.json").read_text())
+  assert "over 2 processes" in pod["device"] and "cpu x8" in pod["device"]
+  expected, got = numbers(single["metrics"]), numbers(pod["metrics"])
+  assert expected and expected.keys() == got.keys()
+  for key in expected:
+    np.testing.assert_allclose(got[key], expected[key], rtol=RTOL, atol=1e-12, err_msg=key)
+  assert [c["holds"] for c in pod["claims"]] == [c["holds"] for c in single["claims"]]
+
+
+def test_only_process_0_writes_and_both_checkpoint(precision_ls_runs):
+  _, pod_dir = precision_ls_runs
+  # One workdir shared by both processes (as a bucket would be): exactly one copy of each
+  # output, written by process 0, and a checkpoint that both processes finished.
+  assert (pod_dir / "results.json").exists()
+  logs = sorted(pod_dir.rglob("metrics.jsonl"))
+  assert logs
+  for log in logs:
+    steps = [json.loads(line)["step"] for line in log.read_text().splitlines()
+             if "train/loss" in json.loads(line)]
+    assert steps == sorted(set(steps)), f"{log}: two writers interleaved {steps}"
+  checkpoints = sorted(p for p in pod_dir.rglob("checkpoints") if p.is_dir())
+  assert checkpoints and all(any(c.iterdir()) for c in checkpoints)
+
+
+@pytest.mark.slow
+def test_one_process_dying_stops_the_other_with_an_error(tmp_path):
+  # A long run, so the survivor is mid-training (inside a collective) when its peer dies.
+  processes = launch.launch("precision_ls", "smoke,steps=2000", tmp_path / "pod", kill=(1, 25),
+                            heartbeat_timeout_seconds=10, timeout=120)
+  survivor = processes[0]
+  assert survivor.returncode not in (None, 0), "the survivor finished or hung"
+  assert survivor.elapsed < 110, "the survivor was still running when the launcher gave up"
+  assert ("heartbeat timeout" in survivor.output or "Connection reset by peer" in
+          survivor.output), survivor.output[-2000:]
