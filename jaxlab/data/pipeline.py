@@ -21,6 +21,10 @@ import tensorflow_datasets as tfds
 
 Batch = dict[str, np.ndarray]
 DATA_DIR_ENV = "JAXLAB_DATA_DIR"
+# A test hook: where set, every batch's example indices are appended to
+# `$JAXLAB_RECORD_EXAMPLES/process<i>.txt` as `<source length> <index> ...` (one line a batch),
+# so a multi-process test can check that the processes read disjoint slices.
+RECORD_EXAMPLES_ENV = "JAXLAB_RECORD_EXAMPLES"
 
 
 def default_data_dir() -> str:
@@ -100,6 +104,19 @@ def data_source(builder: tfds.core.DatasetBuilder, split: str, *,
   return InMemorySource.from_source(source) if in_memory else source
 
 
+def _example_recorder(source_length: int,
+                      process_index: int) -> Callable[[np.ndarray], None] | None:
+  directory = os.environ.get(RECORD_EXAMPLES_ENV)
+  if not directory:
+    return None
+  path = pathlib.Path(directory) / f"process{process_index}.txt"
+  path.parent.mkdir(parents=True, exist_ok=True)
+  def record(index: np.ndarray) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+      f.write(" ".join(map(str, [source_length, *np.asarray(index).tolist()])) + "\n")
+  return record
+
+
 def grain_pipeline(source: Any, *, batch_size: int, seed: int, process_index: int = 0,
                    process_count: int = 1, shuffle: bool = True, num_epochs: int | None = None,
                    transform: Callable[[Batch], Batch] | None = None,
@@ -116,7 +133,12 @@ def grain_pipeline(source: Any, *, batch_size: int, seed: int, process_index: in
     indices = indices.shuffle(seed=seed)
   indices = indices.repeat(num_epochs)[process_index::process_count]
   batches = indices.batch(batch_size // process_count, drop_remainder=drop_remainder)
-  batches = batches.map(lambda index: collate(source.__getitems__(index.tolist())))
+  record = _example_recorder(len(source), process_index)
+  def read(index: np.ndarray) -> Batch:
+    if record is not None:
+      record(index)
+    return collate(source.__getitems__(index.tolist()))
+  batches = batches.map(read)
   if transform is not None:
     batches = batches.map(transform)
   # One reader thread and a short queue: batches are cheap index lookups, and grain's defaults

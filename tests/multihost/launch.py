@@ -49,7 +49,8 @@ def command(slug: str, config_arg: str, workdir: pathlib.Path, *extra: str) -> l
 def launch(slug: str, config_arg: str, workdir: pathlib.Path, *, num_processes: int = 2,
            devices_per_process: int = 4, timeout: float = 180, extra: tuple[str, ...] = (),
            kill: tuple[int, float] | None = None,
-           heartbeat_timeout_seconds: int | None = None) -> list[Process]:
+           heartbeat_timeout_seconds: int | None = None,
+           env: dict[str, str] | None = None) -> list[Process]:
   """Starts the processes, waits for all of them (at most `timeout` s) and returns each
   process's exit status and output. `kill=(i, s)` SIGKILLs process i after s seconds (a host
   that dies); the others must then fail by themselves. Every process still running at the end
@@ -65,7 +66,8 @@ def launch(slug: str, config_arg: str, workdir: pathlib.Path, *, num_processes: 
     log.parent.mkdir(parents=True, exist_ok=True)
     procs.append(subprocess.Popen(
         command(slug, config_arg, workdir, *distributed, f"--process_id={i}", *extra),
-        cwd=ROOT, env=_environment(devices_per_process), stdout=open(log, "w"),
+        cwd=ROOT, env={**_environment(devices_per_process), **(env or {})},
+        stdout=open(log, "w"),
         stderr=subprocess.STDOUT, start_new_session=True))
   start = time.monotonic()
   deadline = start + timeout

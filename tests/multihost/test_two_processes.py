@@ -39,7 +39,8 @@ def precision_ls_runs(tmp_path_factory):
   root = tmp_path_factory.mktemp("precision_ls")
   single = launch.run_single("precision_ls", "smoke", root / "single", extra=ONE_VARIANT)
   assert single.returncode == 0, single.stderr[-3000:]
-  pod = launch.launch("precision_ls", "smoke", root / "pod", extra=ONE_VARIANT)
+  pod = launch.launch("precision_ls", "smoke", root / "pod", extra=ONE_VARIANT,
+                      env={"JAXLAB_RECORD_EXAMPLES": str(root / "examples")})
   assert_ran(pod)
   return root / "single", root / "pod"
 
@@ -81,3 +82,27 @@ def test_one_process_dying_stops_the_other_with_an_error(tmp_path):
   assert survivor.elapsed < 110, "the survivor was still running when the launcher gave up"
   assert ("heartbeat timeout" in survivor.output or "Connection reset by peer" in
           survivor.output), survivor.output[-2000:]
+
+
+def read_examples(directory):
+  """{process: {source length: [example indices in reading order]}} from the pipeline's hook."""
+  out = {}
+  for path in sorted(directory.glob("process*.txt")):
+    seen = out.setdefault(int(path.stem.removeprefix("process")), {})
+    for line in path.read_text().splitlines():
+      length, *indices = map(int, line.split())
+      seen.setdefault(length, []).extend(indices)
+  return out
+
+
+def test_each_process_reads_a_disjoint_slice_of_every_split(precision_ls_runs):
+  _, pod_dir = precision_ls_runs
+  seen = read_examples(pod_dir.parent / "examples")
+  assert sorted(seen) == [0, 1]
+  assert seen[0].keys() == seen[1].keys() and len(seen[0]) >= 2   # train and test splits
+  for length in seen[0]:
+    first, second = seen[0][length], seen[1][length]
+    # The smoke run reads less than one epoch of each split, so no index may repeat.
+    assert len(set(first)) == len(first) and len(set(second)) == len(second)
+    assert not set(first) & set(second), f"split of {length} examples read by both processes"
+    assert len(first) == len(second)
