@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+from typing import Callable
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -50,11 +51,12 @@ def launch(slug: str, config_arg: str, workdir: pathlib.Path, *, num_processes: 
            devices_per_process: int = 4, timeout: float = 180, extra: tuple[str, ...] = (),
            kill: tuple[int, float] | None = None,
            heartbeat_timeout_seconds: int | None = None,
-           env: dict[str, str] | None = None) -> list[Process]:
+           env: dict[str, str] | None = None,
+           kill_all_when: Callable[[], bool] | None = None) -> list[Process]:
   """Starts the processes, waits for all of them (at most `timeout` s) and returns each
   process's exit status and output. `kill=(i, s)` SIGKILLs process i after s seconds (a host
-  that dies); the others must then fail by themselves. Every process still running at the end
-  is killed."""
+  that dies); the others must then fail by themselves. `kill_all_when()` becoming true SIGKILLs
+  every process (a pod preempted mid-run). Every process still running at the end is killed."""
   port = free_port()
   distributed = ["--distributed", f"--coordinator_address=127.0.0.1:{port}",
                  f"--num_processes={num_processes}"]
@@ -76,6 +78,8 @@ def launch(slug: str, config_arg: str, workdir: pathlib.Path, *, num_processes: 
       if kill is not None and time.monotonic() - start > kill[1] and (
           procs[kill[0]].poll() is None):
         os.killpg(procs[kill[0]].pid, signal.SIGKILL)
+      if kill_all_when is not None and kill_all_when():
+        break
       codes = [p.poll() for p in procs]
       if all(c is not None for c in codes):
         break

@@ -106,3 +106,28 @@ def test_each_process_reads_a_disjoint_slice_of_every_split(precision_ls_runs):
     assert len(set(first)) == len(first) and len(set(second)) == len(second)
     assert not set(first) & set(second), f"split of {length} examples read by both processes"
     assert len(first) == len(second)
+
+
+@pytest.mark.slow
+def test_a_killed_pod_resumes_and_ends_as_an_uninterrupted_one(tmp_path):
+  arg = "smoke,steps=120"
+  extra = ONE_VARIANT + ("--config.train.ckpt_every=20", "--config.train.log_every=10")
+  assert_ran(launch.launch("precision_ls", arg, tmp_path / "whole", extra=extra))
+  log = tmp_path / "killed" / "multiply_softmax" / "metrics.jsonl"
+
+  def mid_run():   # past the second checkpoint, before the end
+    if not log.exists():
+      return False
+    steps = [json.loads(line).get("step", 0) for line in log.read_text().splitlines() if line]
+    return bool(steps) and 45 <= max(steps) < 120
+  killed = launch.launch("precision_ls", arg, tmp_path / "killed", extra=extra,
+                         kill_all_when=mid_run)
+  assert all(p.returncode == -9 for p in killed), [p.returncode for p in killed]
+  assert not (tmp_path / "killed" / "results.json").exists()
+  assert_ran(launch.launch("precision_ls", arg, tmp_path / "killed", extra=extra))
+  whole = json.loads((tmp_path / "whole" / "results.json").read_text())
+  resumed = json.loads((tmp_path / "killed" / "results.json").read_text())
+  expected, got = numbers(whole["metrics"]), numbers(resumed["metrics"])
+  assert expected.keys() == got.keys()
+  for key in expected:
+    np.testing.assert_allclose(got[key], expected[key], rtol=RTOL, atol=1e-12, err_msg=key)
