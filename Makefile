@@ -26,7 +26,7 @@ test-all: $(STAMP)
 # Runs the quick preset of every experiment (or PRESET=long, ONLY=<slug>[,<slug>]), rebuilds
 # results/REPORT.md and the README table from results/*.json, and prints a table of what ran.
 reproduce: $(STAMP)
-	$(BIN)/python -m experiments.reproduce --preset=$(PRESET) $(if $(ONLY),--only=$(ONLY))
+	$(BIN)/python -m experiments.report --run --preset=$(PRESET) $(if $(ONLY),--only=$(ONLY))
 
 report: $(STAMP)
 	$(BIN)/python -m experiments.report
