@@ -25,7 +25,8 @@ SLUG = "precision_ls"
 
 def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
   start = time.perf_counter()
-  per_variant, loss_curves, final_params = {}, {}, {}
+  per_variant, loss_curves, final_params, plateau_steps = {}, {}, {}, {}
+  plateau = reproduction.plateau_mse(config)
   earlier_s = 0.0   # training time of earlier invocations that this one resumed
   for name in metrics.progress_iter(reproduction.selected_variants(config), "variants",
                                     enabled=config.train.progress):
@@ -37,13 +38,22 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
     final_params[name] = run.state["params"]
     earlier_s += run.earlier_s
     per_variant[name] = reproduction.evaluate_variant(variant, run.state["params"])
-    loss_curves[name] = metrics.series(metrics.read_jsonl(variant_dir), "train/loss")
+    records = metrics.read_jsonl(variant_dir)
+    seeds = [metrics.series(records, f"train/loss_seed{r}") for r in range(variant.train.num_seeds)]
+    loss_curves[name] = (seeds[0][0], [values for _, values in seeds])
+    if variant.data.task == "gradient" and not source:
+      plateau_steps[name] = [reproduction.steps_to_leave_plateau(steps, values, plateau)
+                             for steps, values in seeds]
 
   reference = reproduction.handset_and_gd(config)
-  summary, claims, headline = reproduction.summarize(per_variant, reference)
-  for filename, figure in (
-      ("iterated_mse.png", reproduction.plot_iterates(per_variant, reference)),
-      ("training_curves.png", reproduction.plot_training(loss_curves))):
+  summary, claims, headline = reproduction.summarize(per_variant, reference, plateau_steps)
+  gradient_curves = {k: v for k, v in loss_curves.items() if k in plateau_steps}
+  other_curves = {k: v for k, v in loss_curves.items() if k not in plateau_steps}
+  figures = [("iterated_mse.png", reproduction.plot_iterates(per_variant, reference)),
+             ("training_curves.png", reproduction.plot_training(gradient_curves, plateau))]
+  if other_curves:
+    figures.append(("other_training_curves.png", reproduction.plot_training(other_curves)))
+  for filename, figure in figures:
     results.save_figure(figure, workdir, filename, SLUG, config)
   return results.write_results(
       workdir, slug=SLUG, config=config, metrics=summary, claims=claims,

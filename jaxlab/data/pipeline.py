@@ -90,6 +90,23 @@ class InMemorySource:
     return {name: column[index] for name, column in self.columns.items()}
 
 
+class IndexSource:
+  """A virtual source of `length` examples whose only field is their index.
+
+  For data generated inside the jitted step from each example's index (a fresh problem per
+  index): the pipeline still shards, orders, checkpoints and records examples, at no I/O cost.
+  """
+
+  def __init__(self, length: int):
+    self._length = int(length)
+
+  def __len__(self) -> int:
+    return self._length
+
+  def __getitems__(self, indices: Sequence[int]) -> Batch:
+    return {"example": np.asarray(indices, np.int64)}
+
+
 def collate(records: Sequence[Mapping[str, Any]] | Batch) -> Batch:
   """A list of records -> a dict of stacked arrays (already-stacked dicts pass through)."""
   if isinstance(records, Mapping):

@@ -33,8 +33,9 @@ def test_unknown_preset_is_one_line(tmp_path):
   result = run_cli(tmp_path=tmp_path, config="configs/precision_ls.py:smok")
   assert_one_line_config_error(
       result, "unknown preset 'smok' (did you mean 'smoke'?); this config has smoke, quick, "
-              "paper")
-  result = run_cli(tmp_path=tmp_path, config="configs/precision_ls.py:long")
+              "paper, long")
+  # A config without the optional long preset says so (the entry point is any experiment's).
+  result = run_cli(tmp_path=tmp_path, config="configs/enamel.py:long")
   assert_one_line_config_error(
       result, "unknown preset 'long'; this config has smoke, quick, paper")
 

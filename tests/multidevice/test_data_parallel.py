@@ -31,7 +31,8 @@ def one_update(mesh, config):
 
 def test_data_parallel_update_matches_single_device():
   config = config_lib.with_overrides(config_lib.load_config(CONFIG, "smoke"),
-                                     {"precision": "float32", "optim": {"schedule": "step"}})
+                                     {"precision": "float32", "optim": {"schedule": "step"},
+                                      "data": {"fresh": False}})
   state8, metrics8 = one_update(parallel.make_mesh(), config)
   state1, metrics1 = one_update(parallel.make_mesh(devices=jax.devices()[:1]), config)
   assert state8["params"]["read_in"]["kernel"].shape == state1["params"]["read_in"]["kernel"].shape

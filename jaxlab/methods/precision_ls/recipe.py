@@ -1,15 +1,16 @@
 """The high-precision training recipe, as pure functions.
 
-Per step (the official order): the global gradient norm is measured; a step whose norm exceeds
-`skip_norm` or is not finite is skipped; otherwise the gradient is clipped to `clip_norm`, passed
-through the EMA filter (e <- a e + (1 - a) g, g <- g + lam e; e starts at the first gradient), and
+Per step (the official order): the gradient is clipped to `clip_norm`; a step whose clipped norm is
+not finite (or exceeds `skip_norm`, which a clipped norm never does at the defaults) is skipped;
+otherwise the gradient passes through the EMA filter (e <- a e + (1 - a) g, g <- g + lam e; e starts at the first gradient), and
 Adam (eps = 1e-16) gives the direction, scaled by the current learning rate.
 
 The learning rate lives in the training state and follows one of three schedules:
   constant
   step      lr_0 * gamma^(step // period), floored at `min_lr`
   adaptive  every `stats_every` steps, the mean cosine similarity between the gradients of
-            `stats_batches` consecutive fresh minibatches feeds an EMA (weight `stats_ema`, start 1);
+            `stats_batches` consecutive fresh batches of `stats_batch_size` problems (whatever the
+            training batch: the 0.9 threshold is the official one for batches of 1024) feeds an EMA (weight `stats_ema`, start 1);
             every `period` steps the LR is multiplied or divided by gamma by comparing that EMA with
             `threshold`. `direction` picks which way (see the method README):
               "official_code"     (default) the released code's rule: high similarity, or any
@@ -72,6 +73,8 @@ def validate(optim: ml_collections.ConfigDict) -> None:
   config_lib.require(0 < optim.gamma < 1, "optim.gamma", f"must be in (0, 1), got {optim.gamma}")
   config_lib.require(optim.stats_batches >= 2, "optim.stats_batches",
                      "needs at least 2 minibatches to compare")
+  config_lib.require(optim.stats_batch_size >= 1, "optim.stats_batch_size",
+                     f"must be positive, got {optim.stats_batch_size}")
 
 
 def init_schedule_state(optim: ml_collections.ConfigDict, dtype) -> dict[str, jax.Array]:
@@ -82,14 +85,24 @@ def init_schedule_state(optim: ml_collections.ConfigDict, dtype) -> dict[str, ja
 def gradient_similarity(grad_fn: Callable[[jax.Array], Any], keys: jax.Array) -> jax.Array:
   """Mean cosine similarity between the gradients of consecutive minibatches (one per key)."""
   flat = jax.lax.map(lambda key: flatten_util.ravel_pytree(grad_fn(key))[0], keys)
-  unit = flat / jnp.maximum(jnp.linalg.norm(flat, axis=-1, keepdims=True), 1e-300)
+  # A float32 run would flush 1e-300 to zero; `tiny` is the smallest normal number of any dtype.
+  unit = flat / jnp.maximum(jnp.linalg.norm(flat, axis=-1, keepdims=True),
+                            jnp.finfo(flat.dtype).tiny)
   return jnp.mean(jnp.sum(unit[1:] * unit[:-1], axis=-1))
 
 
+def measures_similarity(optim: ml_collections.ConfigDict, step: jax.Array) -> jax.Array:
+  """Whether the adaptive schedule measures the gradient similarity after step `step`."""
+  return jnp.logical_and(optim.schedule == "adaptive", (step % optim.stats_every) == 0)
+
+
 def next_schedule_state(optim: ml_collections.ConfigDict, schedule: dict[str, jax.Array],
-                        step: jax.Array, similarity_fn: Callable[[], jax.Array]
-                        ) -> dict[str, jax.Array]:
-  """The schedule state after optimisation step `step` (0-based) has been taken."""
+                        step: jax.Array, similarity: jax.Array) -> dict[str, jax.Array]:
+  """The schedule state after optimisation step `step` (0-based) has been taken.
+
+  `similarity` is the gradient similarity measured after this step; it is read only when
+  `measures_similarity(optim, step)` (the caller skips the measurement otherwise).
+  """
   done = step + 1
   lr = schedule["lr"]
   if optim.schedule == "constant":
@@ -98,8 +111,8 @@ def next_schedule_state(optim: ml_collections.ConfigDict, schedule: dict[str, ja
     new_lr = jnp.maximum(optim.lr * optim.gamma ** (done // optim.period), optim.min_lr)
     return {**schedule, "lr": new_lr.astype(lr.dtype)}
 
-  measure = (step % optim.stats_every) == 0
-  similarity = jax.lax.cond(measure, similarity_fn, lambda: schedule["similarity"])
+  measure = measures_similarity(optim, step)
+  similarity = jnp.where(measure, similarity, schedule["similarity"])
   ema = jnp.where(measure,
                   optim.stats_ema * schedule["similarity_ema"]
                   + (1 - optim.stats_ema) * similarity,
@@ -126,5 +139,8 @@ def keep_if(skip: jax.Array, old: Any, new: Any) -> Any:
   return jax.tree.map(lambda o, n: jnp.where(skip, o, n), old, new)
 
 
-def should_skip(grad_norm: jax.Array, skip_norm: float) -> jax.Array:
-  return jnp.logical_or(~jnp.isfinite(grad_norm), grad_norm > skip_norm)
+def should_skip(grad_norm: jax.Array, clip_norm: float, skip_norm: float) -> jax.Array:
+  """Skip on the norm after clipping, as the official code does: in practice only non-finite
+  gradients are skipped (a clipped norm is at most `clip_norm`)."""
+  clipped = jnp.minimum(grad_norm, clip_norm)
+  return jnp.logical_or(~jnp.isfinite(grad_norm), clipped > skip_norm)
