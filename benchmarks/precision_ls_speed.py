@@ -56,7 +56,9 @@ def step_config(arch: str, conv_impl: str, precision: str, batch: int, microbatc
                     use_mlp=False, use_layernorm=False, final_layernorm=False,
                     conv_impl=conv_impl),
       "optim": dict(eps=1e-16, ema_strength=2.0, schedule="adaptive"),
-      "train": dict(batch_size=batch, microbatch=microbatch)})
+      # One replica on a fixed batch: the step the official figures time.
+      "data": dict(fresh=False),
+      "train": dict(batch_size=batch, microbatch=microbatch, num_seeds=1)})
 
 
 def step_flops(config, state, batch_data) -> float:
