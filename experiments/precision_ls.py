@@ -57,7 +57,8 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
     results.save_figure(figure, workdir, filename, SLUG, config)
   return results.write_results(
       workdir, slug=SLUG, config=config, metrics=summary, claims=claims,
-      headline_metric=headline, wall_s=time.perf_counter() - start + earlier_s)
+      headline_metric=headline, wall_s=time.perf_counter() - start + earlier_s,
+      seeds=list(range(config.train.num_seeds)))   # replica r of config.seed
 
 
 if __name__ == "__main__":
