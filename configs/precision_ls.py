@@ -1,14 +1,16 @@
 """precision_ls: high-precision least squares with polynomial sequence models (ICLR 2025).
 
 COMMAND: python -m experiments.precision_ls --config=configs/precision_ls.py:quick
-EXPECTED (quick, float64, d=5, n=20, ~9 min on 2 CPU cores): the hand-set BaseConv iterated
-  matches explicit GD (~5e-14 MSE after 300 iterations); linear attention learns the gradient step
-  ~200x more precisely than softmax attention; BaseConv is ~14x better than softmax attention on the
-  multiply primitive; BaseConv from scratch is only starting to leave its early loss plateau after
-  5000 steps (with the recipe it does not leave it). Measured numbers: results/precision_ls.json,
-  discussed in jaxlab/methods/precision_ls/README.md.
+EXPECTED (quick, float64, d=5, n=20, 3 seeds per arm, ~20 min alone on 2 CPU cores): the hand-set
+  BaseConv iterated matches explicit GD (~5e-14 MSE after 300 iterations); BaseConv with the recipe
+  is still on its loss plateau (~0.3) after 4k steps while softmax attention has left it (~0.04);
+  on the multiply primitive BaseConv is ~14x more precise than softmax attention. The `long` preset
+  (~85 min) runs the official recipe ablation (recipe, no_ema, no_adaptive, neither, plus
+  adam_default) for 10k steps. Measured numbers: results/precision_ls.json,
+  results/precision_ls_long.json, discussed in jaxlab/methods/precision_ls/README.md.
 
-Presets: smoke (tests, seconds), quick (the CPU reproduction), paper (the official scale: batch
+Presets: smoke (tests, seconds), quick (the CPU reproduction), long (the recipe ablation on a
+CPU), paper (the official scale: batch
 1024, 2.5M steps, adaptive schedule every 3000 steps; for an accelerator). On a CPU, add
 `--config.train.microbatch=128` to batch-1024 runs: the same gradient, ~1.8x faster.
 
