@@ -67,8 +67,8 @@ def make_loss(model: functional.Functional, task: tasks.Task):
   return loss_fn
 
 
-# Fresh-data runs index a virtual stream this long; past it the problems repeat (2^31 problems are
-# more than the paper preset's 2.5M steps x 1024 draw in its first 84%).
+# Fresh-data runs index a virtual stream this long; past its end the problems repeat. The paper
+# preset (2.5M steps x 1024 = 2.56e9 problems) reaches the end after 84% of its steps.
 FRESH_STREAM_LENGTH = 2**31 - 1
 
 
