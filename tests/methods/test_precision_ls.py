@@ -120,7 +120,8 @@ def test_ema_filter_follows_its_recurrence():
 def test_recipe_uses_adam_eps_1e16_and_skips_bad_steps(x64):
   c = quick_config(precision="float64")
   for arm in ("recipe", "no_ema", "no_adaptive", "neither"):   # the official ablation
-    assert c.variants[arm].optim.eps == 1e-16 and c.variants[arm].optim.lr == c.variants.recipe.optim.lr
+    assert c.variants[arm].optim.eps == 1e-16
+    assert c.variants[arm].optim.lr == c.variants.recipe.optim.lr
   assert c.variants.adam_default.optim.eps == 1e-8
   # The official code skips on the norm after clipping: only non-finite gradients are skipped.
   assert recipe.should_skip(jnp.array(jnp.nan), 100.0, 1e3)

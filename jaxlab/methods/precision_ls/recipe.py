@@ -1,16 +1,18 @@
 """The high-precision training recipe, as pure functions.
 
-Per step (the official order): the gradient is clipped to `clip_norm`; a step whose clipped norm is
-not finite (or exceeds `skip_norm`, which a clipped norm never does at the defaults) is skipped;
-otherwise the gradient passes through the EMA filter (e <- a e + (1 - a) g, g <- g + lam e; e starts at the first gradient), and
-Adam (eps = 1e-16) gives the direction, scaled by the current learning rate.
+Per step (the official order): the gradient is clipped to `clip_norm`; a step whose clipped norm
+is not finite (or exceeds `skip_norm`, which a clipped norm never does at the defaults) is
+skipped; otherwise the gradient passes through the EMA filter (e <- a e + (1 - a) g,
+g <- g + lam e; e starts at the first gradient), and Adam (eps = 1e-16) gives the direction,
+scaled by the current learning rate.
 
 The learning rate lives in the training state and follows one of three schedules:
   constant
   step      lr_0 * gamma^(step // period), floored at `min_lr`
   adaptive  every `stats_every` steps, the mean cosine similarity between the gradients of
-            `stats_batches` consecutive fresh batches of `stats_batch_size` problems (whatever the
-            training batch: the 0.9 threshold is the official one for batches of 1024) feeds an EMA (weight `stats_ema`, start 1);
+            `stats_batches` consecutive fresh batches of `stats_batch_size` problems (whatever
+            the training batch: the 0.9 threshold is the official one for batches of 1024)
+            feeds an EMA (weight `stats_ema`, start 1);
             every `period` steps the LR is multiplied or divided by gamma by comparing that EMA with
             `threshold`. `direction` picks which way (see the method README):
               "official_code"     (default) the released code's rule: high similarity, or any

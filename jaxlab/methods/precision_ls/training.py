@@ -72,6 +72,9 @@ def make_loss(model: functional.Functional, task: tasks.Task):
 FRESH_STREAM_LENGTH = 2**31 - 1
 
 
+STATS_MICROBATCH = 128
+
+
 def fresh_examples(task: tasks.Task, key: jax.Array, example: jax.Array, dtype) -> dict[str, Any]:
   """The raw examples with these indices: example i is drawn from `fold_in(key, i)`, so an index
   names the same problem on every host and after a resume."""
@@ -107,7 +110,9 @@ def make_experiment(config: ml_collections.ConfigDict,
   loss_fn = make_loss(model, task)
   cast = lambda batch: jax.tree.map(lambda x: jnp.asarray(x, dtype), dict(batch))
   replicas = jnp.arange(num_seeds)
-  stats_microbatch = min(optim.stats_batch_size, config.train.microbatch or 128)
+  # The statistics batches (1024 problems) are accumulated in microbatches: the training
+  # microbatch if set, else 128, the size whose activations fit a CPU core's L2 cache (README).
+  stats_microbatch = min(optim.stats_batch_size, config.train.microbatch or STATS_MICROBATCH)
   if initial_params is not None:
     leading = {x.shape[0] for x in jax.tree.leaves(initial_params)}
     config_lib.require(leading == {num_seeds}, "train.init_from",
