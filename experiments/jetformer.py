@@ -34,17 +34,22 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
                          os.path.join(workdir, name), desc=name)
     earlier_s += run.earlier_s
     per_variant[name] = reproduction.evaluate_variant(variant, run.state["params"], classify)
-  summary, claims, headline = reproduction.summarize(per_variant, classifier_accuracy)
+  summary, claims, headline = reproduction.summarize(
+      per_variant, classifier_accuracy,
+      samples_per_seed=config.data.num_classes * config.eval.samples_per_class,
+      clean_phase=training.clean_phase(config))
   for name, outcome in per_variant.items():
-    title = (f"{name}: test bpd {outcome['test_bpd']:.3f}"
-             + (f", classifier accuracy {outcome['sample_accuracy']:.2f}"
-                if outcome["sample_accuracy"] is not None else " (unconditional)"))
+    accuracy = outcome["sample_accuracy"][0]
+    title = (f"{name} (seed 0): test bpd {outcome['test_bpd'][0]:.3f}"
+             + (f", classifier accuracy {accuracy:.2f}" if accuracy is not None
+                else " (unconditional)"))
     figure = reproduction.plot_samples(outcome["samples"], config.eval.samples_per_class,
                                        config.data.num_classes, title)
     results.save_figure(figure, workdir, f"samples_{name}.png", SLUG, config)
   return results.write_results(
       workdir, slug=SLUG, config=config, metrics=summary, claims=claims,
-      headline_metric=headline, wall_s=time.perf_counter() - start + earlier_s)
+      headline_metric=headline, wall_s=time.perf_counter() - start + earlier_s,
+      seeds=list(range(config.train.num_seeds)))
 
 
 if __name__ == "__main__":

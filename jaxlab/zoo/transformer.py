@@ -227,14 +227,19 @@ class Decoder(nnx.Module):
 
   With `vocab_size`, also a token embedding (`embed`) and its tied read-out (`attend`); the
   embedding is not scaled by sqrt(width), so a caller mixing it with other inputs sees them at
-  the scale they were made.
+  the scale they were made. `embed_init_std` draws the embedding from N(0, std^2) (Gemma-style
+  models use 1.0); by default it is Flax's, std 1/sqrt(width).
   """
 
   def __init__(self, *, vocab_size: int | None = None, width: int, depth: int, num_heads: int,
                num_kv_heads: int = 1, head_dim: int | None = None, mlp_dim: int,
-               dropout: float = 0.0, param_dtype=jnp.float32, rngs: nnx.Rngs):
+               dropout: float = 0.0, embed_init_std: float | None = None,
+               param_dtype=jnp.float32, rngs: nnx.Rngs):
     self.width, self.vocab_size = width, vocab_size
-    self.token_embed = (nnx.Embed(vocab_size, width, param_dtype=param_dtype, rngs=rngs)
+    embed_init = ({} if embed_init_std is None
+                  else {"embedding_init": nnx.initializers.normal(embed_init_std)})
+    self.token_embed = (nnx.Embed(vocab_size, width, param_dtype=param_dtype, rngs=rngs,
+                                  **embed_init)
                         if vocab_size is not None else None)
     self.blocks = nnx.List([
         DecoderBlock(width, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,

@@ -17,9 +17,6 @@ from jaxlab.data import digits
 from jaxlab.methods.jetformer import sampling
 from jaxlab.methods.jetformer import training
 
-VARIANTS = ("jetformer", "flow_only", "ar_raw_patches", "no_curriculum", "no_factor_out")
-
-
 def selected_variants(config: ml_collections.ConfigDict) -> list[str]:
   names = list(config.variants.keys())
   if config.run_variants == "all":
@@ -48,86 +45,144 @@ def fit_classifier(config: ml_collections.ConfigDict):
   return (lambda images: classifier.predict(features(np.asarray(images)))), accuracy
 
 
-def test_bpd(config: ml_collections.ConfigDict, params: Any, key: jax.Array) -> float:
-  """Class-conditional bits per dimension on the whole test split (one dequantisation draw)."""
-  model = training.make_model(config)
-  batch = {k: jnp.asarray(v) for k, v in training.train_arrays(config, "test").items()}
+class Evaluator:
+  """The evaluations of one variant, each jitted once and applied to every seed's params."""
 
-  @jax.jit
-  def bpd(params):
-    _, metrics = training.loss_fn(model.module(params), batch, key, config=config,
-                                  noise_std=jnp.zeros([]), train=False)
-    return metrics["bpd"]
-  return float(bpd(params))
+  def __init__(self, config: ml_collections.ConfigDict):
+    self.config = config
+    model = training.make_model(config)
+    test = training.train_arrays(config, "test")
+    self.test_labels = test["label"]
+    test = {k: jnp.asarray(v) for k, v in test.items()}
+    self.labels = jnp.repeat(jnp.arange(config.data.num_classes), config.eval.samples_per_class)
+    options = dict(num_levels=config.data.num_levels, patch=config.model.patch)
+
+    def bpd(params, key):
+      """Class-conditional bits per dimension on the whole test split (one dequantisation)."""
+      _, metrics = training.loss_fn(model.module(params), test, key, config=config,
+                                    noise_std=jnp.zeros([]), train=False)
+      return metrics["bpd"]
+
+    def draw(params, key):
+      return sampling.sample_levels(
+          model.module(params), key, self.labels, temperature=config.eval.temperature,
+          cfg_weight=config.eval.cfg_weight, num_candidates=config.eval.rejection_candidates,
+          image_shape=digits.IMAGE_SHAPE, **options)
+
+    self.bpd = jax.jit(bpd)
+    self.draw = jax.jit(draw)
+    self.factored_std = jax.jit(lambda p, key: sampling.factored_std(
+        model.module(p), key, test["image"], **options))
+    self.predict = jax.jit(lambda p: sampling.predict_classes(model.module(p), test["image"],
+                                                              **options))
+
+  def generate(self, params: Any, key: jax.Array) -> tuple[np.ndarray, np.ndarray, float]:
+    """(`samples_per_class` images per class, their intended labels, the guidance sampler's
+    acceptance rate)."""
+    samples, acceptance = self.draw(params, key)
+    return np.asarray(samples), np.asarray(self.labels), float(acceptance)
+
+  def understanding_accuracy(self, params: Any) -> float:
+    return float(np.mean(np.asarray(self.predict(params)) == self.test_labels))
 
 
-def generate(config: ml_collections.ConfigDict, params: Any, key: jax.Array) -> tuple[
-    np.ndarray, np.ndarray]:
-  """(`samples_per_class` images per class, their intended labels)."""
-  model = training.make_model(config)
-  labels = jnp.repeat(jnp.arange(config.data.num_classes), config.eval.samples_per_class)
-
-  @jax.jit
-  def draw(params, key):
-    return sampling.sample_levels(
-        model.module(params), key, labels, temperature=config.eval.temperature,
-        cfg_weight=config.eval.cfg_weight, num_candidates=config.eval.rejection_candidates,
-        num_levels=config.data.num_levels, patch=config.model.patch,
-        image_shape=digits.IMAGE_SHAPE)
-  return np.asarray(draw(params, key)), np.asarray(labels)
-
-
-def understanding_accuracy(config: ml_collections.ConfigDict, params: Any) -> float:
-  model = training.make_model(config)
-  test = training.train_arrays(config, "test")
-  predict = jax.jit(lambda p, images: sampling.predict_classes(
-      model.module(p), images, num_levels=config.data.num_levels, patch=config.model.patch))
-  return float(np.mean(np.asarray(predict(params, jnp.asarray(test["image"])))
-                       == test["label"]))
+def _nan_to_none(value: float) -> float | None:
+  return None if not np.isfinite(value) else value
 
 
 def evaluate_variant(config: ml_collections.ConfigDict, params: Any, classify
                      ) -> dict[str, Any]:
-  key = jax.random.key(config.seed + 1)
-  out: dict[str, Any] = {"test_bpd": test_bpd(config, params, key)}
-  samples, labels = generate(config, params, jax.random.fold_in(key, 1))
-  out["samples"] = samples
-  # Without a decoder the model cannot condition on the class: no sample accuracy to report.
-  out["sample_accuracy"] = (float(np.mean(classify(samples) == labels))
-                            if config.model.use_decoder else None)
-  if config.model.use_decoder and config.optim.understanding_prob > 0:
-    out["understanding_accuracy"] = understanding_accuracy(config, params)
+  """Per training seed (params are replica-stacked): test bpd, sample accuracy, guidance
+  acceptance, factored-out std; samples of seed 0 for the grid; understanding accuracy for a
+  model trained on image-first examples."""
+  evaluator = Evaluator(config)
+  out: dict[str, Any] = {"test_bpd": [], "sample_accuracy": [], "cfg_acceptance": [],
+                         "factored_std": []}
+  for r in range(training.num_replicas(params)):
+    seed_params = training.replica(params, r)
+    key = jax.random.fold_in(jax.random.key(config.seed + 1), r)
+    out["test_bpd"].append(float(evaluator.bpd(seed_params, key)))
+    samples, labels, acceptance = evaluator.generate(seed_params, jax.random.fold_in(key, 1))
+    if r == 0:
+      out["samples"] = samples
+    # Without a decoder the model cannot condition on the class: no sample accuracy to report.
+    out["sample_accuracy"].append(float(np.mean(classify(samples) == labels))
+                                  if config.model.use_decoder else None)
+    out["cfg_acceptance"].append(_nan_to_none(acceptance))
+    out["factored_std"].append(_nan_to_none(float(
+        evaluator.factored_std(seed_params, jax.random.fold_in(key, 2)))))
+    if config.model.use_decoder and config.optim.understanding_prob > 0:
+      out.setdefault("understanding_accuracy", []).append(
+          evaluator.understanding_accuracy(seed_params))
   return out
 
 
-def summarize(per_variant: dict[str, dict[str, Any]], classifier_accuracy: float
+def _mean(values: list[float | None]) -> float | None:
+  finite = [v for v in values if v is not None]
+  return float(np.mean(finite)) if finite else None
+
+
+def _stderr(values: list[float | None], samples_per_seed: int) -> float | None:
+  """Over seeds when there are >= 2, else the binomial error of one model's samples."""
+  finite = [v for v in values if v is not None]
+  if not finite:
+    return None
+  if len(finite) >= 2:
+    return float(np.std(finite, ddof=1) / np.sqrt(len(finite)))
+  p = finite[0]
+  return float(np.sqrt(p * (1 - p) / samples_per_seed))
+
+
+def summarize(per_variant: dict[str, dict[str, Any]], classifier_accuracy: float,
+              samples_per_seed: int, clean_phase: dict[str, Any] | None = None
               ) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any] | None]:
-  bpd = {v: r["test_bpd"] for v, r in per_variant.items()}
-  accuracy = {v: r["sample_accuracy"] for v, r in per_variant.items()}
-  metrics: dict[str, Any] = {"test_bpd": bpd, "sample_accuracy": accuracy,
-                             "classifier_test_accuracy": classifier_accuracy}
-  if "jetformer" in per_variant and "understanding_accuracy" in per_variant["jetformer"]:
-    metrics["understanding_accuracy"] = per_variant["jetformer"]["understanding_accuracy"]
+  """Means over seeds in `test_bpd`, `sample_accuracy` (with `sample_accuracy_stderr`),
+  `factored_std`, `cfg_acceptance`; every seed's value under `per_seed`. Claims comparing two
+  variants are decided by `results.paired_comparison` over the seeds."""
+  per_seed = {key: {v: r[key] for v, r in per_variant.items()}
+              for key in ("test_bpd", "sample_accuracy", "factored_std", "cfg_acceptance")}
+  bpd = {v: _mean(x) for v, x in per_seed["test_bpd"].items()}
+  accuracy = {v: _mean(x) for v, x in per_seed["sample_accuracy"].items()}
+  metrics: dict[str, Any] = {
+      "test_bpd": bpd, "sample_accuracy": accuracy,
+      "sample_accuracy_stderr": {v: _stderr(x, samples_per_seed)
+                                 for v, x in per_seed["sample_accuracy"].items()},
+      "factored_std": {v: _mean(x) for v, x in per_seed["factored_std"].items()},
+      "cfg_acceptance": {v: _mean(x) for v, x in per_seed["cfg_acceptance"].items()},
+      "classifier_test_accuracy": classifier_accuracy, "per_seed": per_seed}
+  if clean_phase is not None:
+    metrics["clean_phase"] = clean_phase
+  understanding = [r["understanding_accuracy"] for r in per_variant.values()
+                   if "understanding_accuracy" in r]
+  if understanding:
+    metrics["understanding_accuracy"] = _mean(understanding[0])
+
+  def paired(metric, ours, baseline, lower_is_better):
+    ours_values, baseline_values = per_seed[metric][ours], per_seed[metric][baseline]
+    if min(len(ours_values), len(baseline_values)) < 2:
+      raise config_lib.ConfigError(
+          f"comparing {ours} with {baseline} needs >= 2 training seeds each (train.num_seeds); "
+          f"got {len(ours_values)} and {len(baseline_values)}")
+    return results.paired_comparison(ours_values, baseline_values,
+                                     lower_is_better=lower_is_better)
+
   claims = []
-  if {"jetformer", "ar_raw_patches"} <= bpd.keys():
-    claims.append(results.claim(
-        "flow_beats_raw_patches",
-        "Training the flow end to end with the AR model gives a better likelihood than the same "
-        "GMM-AR model on raw patches (no flow).",
-        ours=bpd["jetformer"], baselines={"ar_raw_patches": bpd["ar_raw_patches"]},
-        holds=bpd["jetformer"] < bpd["ar_raw_patches"],
-        comparison="test bpd jetformer < ar_raw_patches"))
-  if {"jetformer", "flow_only"} <= bpd.keys():
-    claims.append(results.claim(
-        "ar_prior_beats_flow_alone",
-        "An autoregressive prior over the flow's soft tokens beats the flow with a factorised "
-        "N(0, 1) prior (Jet alone).",
-        ours=bpd["jetformer"], baselines={"flow_only": bpd["flow_only"]},
-        holds=bpd["jetformer"] < bpd["flow_only"],
-        comparison="test bpd jetformer < flow_only"))
+  for baseline, name, statement in (
+      ("ar_raw_patches", "flow_beats_raw_patches",
+       "Training the flow end to end with the AR model gives a better likelihood than the same "
+       "GMM-AR model on raw patches (no flow)."),
+      ("flow_only", "ar_prior_beats_flow_alone",
+       "An autoregressive prior over the flow's soft tokens beats the flow with a factorised "
+       "N(0, 1) prior (Jet alone).")):
+    if {"jetformer", baseline} <= bpd.keys():
+      comparison = paired("test_bpd", "jetformer", baseline, lower_is_better=True)
+      claims.append(results.claim(
+          name, statement, ours=bpd["jetformer"], baselines={baseline: bpd[baseline]},
+          holds=comparison["better"], paired=comparison,
+          comparison=f"paired over seeds: test bpd jetformer < {baseline}"))
   if {"jetformer", "no_curriculum"} <= bpd.keys():
-    holds = (bpd["no_curriculum"] <= bpd["jetformer"]
-             and accuracy["jetformer"] > accuracy["no_curriculum"])
+    likelihood = paired("test_bpd", "no_curriculum", "jetformer", lower_is_better=True)
+    samples = paired("sample_accuracy", "jetformer", "no_curriculum", lower_is_better=False)
     claims.append(results.claim(
         "curriculum_trades_likelihood_for_samples",
         "The noise curriculum trades likelihood for sample quality: without it the test bpd is "
@@ -135,10 +190,13 @@ def summarize(per_variant: dict[str, dict[str, Any]], classifier_accuracy: float
         ours=accuracy["jetformer"],
         baselines={"no_curriculum_accuracy": accuracy["no_curriculum"],
                    "jetformer_bpd": bpd["jetformer"], "no_curriculum_bpd": bpd["no_curriculum"]},
-        holds=holds,
-        comparison="bpd(no_curriculum) <= bpd(jetformer) and accuracy(jetformer) > "
-                   "accuracy(no_curriculum)"))
+        holds=likelihood["better"] and samples["better"],
+        paired={"bpd no_curriculum - jetformer": likelihood,
+                "accuracy jetformer - no_curriculum": samples},
+        comparison="paired over seeds: bpd(no_curriculum) < bpd(jetformer) and "
+                   "accuracy(jetformer) > accuracy(no_curriculum)"))
   if {"jetformer", "no_factor_out"} <= bpd.keys():
+    comparison = paired("sample_accuracy", "jetformer", "no_factor_out", lower_is_better=False)
     claims.append(results.claim(
         "factoring_out_helps",
         "Modelling only part of each soft token autoregressively (the rest under N(0, 1)) gives "
@@ -146,8 +204,8 @@ def summarize(per_variant: dict[str, dict[str, Any]], classifier_accuracy: float
         ours=accuracy["jetformer"],
         baselines={"no_factor_out_accuracy": accuracy["no_factor_out"],
                    "jetformer_bpd": bpd["jetformer"], "no_factor_out_bpd": bpd["no_factor_out"]},
-        holds=accuracy["jetformer"] > accuracy["no_factor_out"],
-        comparison="sample accuracy jetformer > no_factor_out"))
+        holds=comparison["better"], paired=comparison,
+        comparison="paired over seeds: sample accuracy jetformer > no_factor_out"))
   headline = (results.headline("test bits/dim, JetFormer on 8x8 digits", ours=bpd["jetformer"],
                                paper=None, unit="bpd") if "jetformer" in bpd else None)
   return metrics, claims, headline

@@ -8,7 +8,9 @@ Classifier-free guidance, as the paper's sampler does it: per token a mixture co
 from the conditional mixture; with c = N(mu_c[k], s_c[k]) and u = N(mu_u[k], s_u[k]) the same
 component of the unconditional (no-label) mixture, scales times the temperature, every dimension
 is drawn by rejection sampling from the guided density c^(1+w) / u^w, with a wider Gaussian
-proposal N(mu_c, 2 max(s_c, s_u)); where no candidate is accepted it falls back to c.
+proposal N(mu_c, 2 max(s_c, s_u)) and 1,000 candidates by default; where no candidate is
+accepted it falls back to c. The share of dimensions that found an accepted candidate is
+returned beside the samples, so a sampler that silently fell back to unguided draws shows up.
 """
 from __future__ import annotations
 
@@ -28,9 +30,11 @@ def _normal_log_pdf(x: jax.Array, mean: jax.Array, scale: jax.Array) -> jax.Arra
 
 def guided_gaussian_sample(key: jax.Array, mean_c: jax.Array, scale_c: jax.Array,
                            mean_u: jax.Array, scale_u: jax.Array, weight: float, *,
-                           num_candidates: int = 64, grid_size: int = 257) -> jax.Array:
+                           num_candidates: int = 1000, grid_size: int = 257
+                           ) -> tuple[jax.Array, jax.Array]:
   """One draw per element from the density proportional to N(mean_c, scale_c)^(1 + w) /
-  N(mean_u, scale_u)^w (all arguments share a shape), by rejection sampling.
+  N(mean_u, scale_u)^w (all arguments share a shape), by rejection sampling; and a bool array,
+  True where a candidate was accepted.
 
   The acceptance bound is the largest target / proposal ratio on a grid of +-8 proposal scales;
   an element with no accepted candidate (a guided density that is not normalisable, or an
@@ -55,25 +59,31 @@ def guided_gaussian_sample(key: jax.Array, mean_c: jax.Array, scale_c: jax.Array
   first = jnp.argmax(accepted, axis=0)
   chosen = jnp.take_along_axis(candidates, first[None], axis=0)[0]
   fallback = mean_c + scale_c * jax.random.normal(fallback_key, mean_c.shape, mean_c.dtype)
-  return jnp.where(jnp.any(accepted, axis=0), chosen, fallback)
+  found = jnp.any(accepted, axis=0)
+  return jnp.where(found, chosen, fallback), found
 
 
 def sample_levels(model: model_lib.JetFormer, key: jax.Array, labels: jax.Array, *,
                   temperature: float, cfg_weight: float, num_candidates: int, num_levels: int,
-                  patch: int, image_shape: tuple[int, int, int]) -> jax.Array:
-  """Integer images [S, H, W, C] for class labels [S] (ignored by a model without decoder)."""
+                  patch: int, image_shape: tuple[int, int, int]
+                  ) -> tuple[jax.Array, jax.Array]:
+  """Integer images [S, H, W, C] for class labels [S] (ignored by a model without decoder), and
+  the guidance sampler's acceptance rate over all autoregressive dimensions (NaN without a
+  decoder)."""
   count = labels.shape[0]
   n, ar_dim, token_dim = model.num_tokens, model.ar_dim, model.token_dim
   dtype = jnp.result_type(float)
   token_key, rest_key = jax.random.split(key)
   if model.decoder is None:
     z = temperature * jax.random.normal(token_key, (count, n, token_dim), dtype)
+    acceptance = jnp.full([], jnp.nan, dtype)
   else:
     image_first = jnp.zeros((count,), bool)
     no_label = jnp.full((count,), model.vocab.no_label)
 
     def mixture_at(hidden, i):
-      return model.head(jax.lax.dynamic_index_in_dim(hidden, 2 + i, axis=1, keepdims=False))
+      return model.head(jax.lax.dynamic_index_in_dim(hidden, model.prefix_length + i, axis=1,
+                                                     keepdims=False))
 
     def next_token(z_ar, i):
       component_key, sample_key = jax.random.split(jax.random.fold_in(token_key, i))
@@ -82,16 +92,30 @@ def sample_levels(model: model_lib.JetFormer, key: jax.Array, labels: jax.Array,
       component = jax.random.categorical(component_key, logits_c, axis=-1)        # [S]
       mean_c, scale_c = gmm.take_component(means_c, scales_c, component)          # [S, ar]
       mean_u, scale_u = gmm.take_component(means_u, scales_u, component)
-      token = guided_gaussian_sample(sample_key, mean_c, temperature * scale_c, mean_u,
-                                     temperature * scale_u, cfg_weight,
-                                     num_candidates=num_candidates)
-      return jax.lax.dynamic_update_index_in_dim(z_ar, token, i, axis=1), None
+      token, found = guided_gaussian_sample(sample_key, mean_c, temperature * scale_c, mean_u,
+                                            temperature * scale_u, cfg_weight,
+                                            num_candidates=num_candidates)
+      return jax.lax.dynamic_update_index_in_dim(z_ar, token, i, axis=1), found.mean()
 
-    z_ar, _ = jax.lax.scan(next_token, jnp.zeros((count, n, ar_dim), dtype), jnp.arange(n))
+    z_ar, accepted = jax.lax.scan(next_token, jnp.zeros((count, n, ar_dim), dtype),
+                                  jnp.arange(n))
+    acceptance = accepted.mean()
     z_rest = jax.random.normal(rest_key, (count, n, token_dim - ar_dim), dtype)
     z = jnp.concatenate([z_ar, z_rest], axis=-1)
   x = tokens_lib.unpatchify(model.decode(z), patch, *image_shape)
-  return tokens_lib.unit_to_levels(x, num_levels)
+  return tokens_lib.unit_to_levels(x, num_levels), acceptance
+
+
+def factored_std(model: model_lib.JetFormer, key: jax.Array, levels: jax.Array, *,
+                 num_levels: int, patch: int) -> jax.Array:
+  """Std of the flow outputs that sampling draws from N(0, 1), for dequantised real images: the
+  factored-out dims (every dim for a flow without decoder). Near 1 when N(0, 1) fits them; NaN
+  when nothing is factored out or there is no flow."""
+  if model.flow is None or (model.decoder is not None and model.ar_dim == model.token_dim):
+    return jnp.full([], jnp.nan, jnp.result_type(float))
+  x = tokens_lib.dequantize(key, levels, num_levels)
+  z, _ = model.encode(tokens_lib.patchify(x, patch))
+  return z.std() if model.decoder is None else z[..., model.ar_dim:].std()
 
 
 def predict_classes(model: model_lib.JetFormer, levels: jax.Array, *, num_levels: int,

@@ -38,17 +38,21 @@ def dequantize(key: jax.Array, levels: jax.Array, num_levels: int) -> jax.Array:
 
 def curriculum_std(progress: jax.Array, initial_std: float, final_std: float = 0.0
                    ) -> jax.Array:
-  """Noise std (in levels) at training progress p in [0, 1]: a cosine from initial to final."""
+  """Noise std (in levels) at curriculum progress p: a cosine from initial (p = 0) to final
+  (p >= 1)."""
   progress = jnp.clip(progress, 0.0, 1.0)
   return (initial_std - final_std) * (1 + jnp.cos(math.pi * progress)) / 2 + final_std
 
 
-def add_curriculum_noise(key: jax.Array, levels: jax.Array, std: jax.Array,
-                         num_levels: int) -> jax.Array:
-  """Levels + std * N(0, 1), rounded back onto valid levels (noise in pixel units)."""
+def add_curriculum_noise(key: jax.Array, levels: jax.Array, std: jax.Array) -> jax.Array:
+  """Levels + std * N(0, 1), rounded to whole levels (noise in pixel units).
+
+  Not clipped to the valid range, as in the official code: on digits, whose pixels are mostly 0,
+  clipping would turn zero-mean noise into a brightening (+1.6 levels of mean at std 4).
+  """
   noisy = jnp.round(levels.astype(jnp.result_type(float))
                     + std * jax.random.normal(key, levels.shape, jnp.result_type(float)))
-  return jnp.clip(noisy, 0, num_levels - 1).astype(levels.dtype)
+  return noisy.astype(levels.dtype)
 
 
 def patchify(images: jax.Array, patch: int) -> jax.Array:

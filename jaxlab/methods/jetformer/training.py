@@ -3,8 +3,15 @@
 Per example (generation order): levels -> curriculum noise -> dequantised x in [-1, 1] ->
 patches -> z, log|det| = Jet(patches) -> z = [z_ar, z_rest];
   bpd = [-log GMM-AR(z_ar | class) - log N(z_rest; 0, I) - log|det|] / (D ln 2) + log2(bin_scale),
-D = H W C pixel dimensions. Understanding-order examples contribute the class cross-entropy
-instead, with the flow held fixed for them (stop-gradient), as in the paper's image-text model.
+D = H W C pixel dimensions. During training the autoregressive tokens of generation examples
+carry extra Gaussian noise (per-example std ~ U[0, `model.input_noise_std`]), in the decoder's
+input and in the GMM's target alike, as the official trainer does to make sampling robust to its
+own errors. Understanding-order examples (a share `optim.understanding_prob`) contribute the
+class cross-entropy instead, with the flow held fixed for them (stop-gradient), as in the paper's
+image-text model.
+
+`train.num_seeds` independent training runs (their own initialisation, noise, label dropout and
+dropout; the same data order) are vmapped in one update: params are replica-stacked [R, ...].
 """
 from __future__ import annotations
 
@@ -17,13 +24,13 @@ import ml_collections
 import numpy as np
 import optax
 
+from jaxlab.core import config as config_lib
 from jaxlab.core import train_loop
 from jaxlab.data import digits
 from jaxlab.data import pipeline
 from jaxlab.methods.jetformer import model as model_lib
 from jaxlab.methods.jetformer import tokens as tokens_lib
 from jaxlab.zoo import functional
-
 
 def make_model(config: ml_collections.ConfigDict) -> functional.Functional:
   m, d = config.model, config.data
@@ -36,7 +43,17 @@ def make_model(config: ml_collections.ConfigDict) -> functional.Functional:
       jet_width=m.jet_width, jet_conditioner_depth=m.jet_conditioner_depth,
       jet_heads=m.jet_heads, width=m.width, depth=m.depth, num_heads=m.num_heads,
       num_kv_heads=m.num_kv_heads, mlp_dim=m.mlp_dim, num_mixtures=m.num_mixtures,
-      dropout=m.dropout, rngs=rngs))
+      dropout=m.dropout, class_repeats=m.class_repeats, embed_init_std=m.embed_init_std,
+      rngs=rngs))
+
+
+def replica(params: Any, index: int) -> Any:
+  """One training seed's parameters out of the replica-stacked [R, ...] tree."""
+  return jax.tree.map(lambda leaf: leaf[index], params)
+
+
+def num_replicas(params: Any) -> int:
+  return int(jax.tree.leaves(params)[0].shape[0])
 
 
 def bits_per_dim(nll_nats: jax.Array, num_dims: int, num_levels: int) -> jax.Array:
@@ -44,45 +61,105 @@ def bits_per_dim(nll_nats: jax.Array, num_dims: int, num_levels: int) -> jax.Arr
   return nll_nats / (num_dims * math.log(2)) + math.log2(tokens_lib.bin_scale(num_levels))
 
 
-def image_nll(model: model_lib.JetFormer, z: jax.Array, logdet: jax.Array,
-              hidden: jax.Array | None) -> jax.Array:
+def curriculum_steps(config: ml_collections.ConfigDict) -> int:
+  """The curriculum's length: the noise reaches its final std after this many steps."""
+  return max(1, round(config.train.curriculum_fraction * config.train.steps))
+
+
+def noise_std_at(step: jax.Array, config: ml_collections.ConfigDict) -> jax.Array:
+  return tokens_lib.curriculum_std(step / curriculum_steps(config), config.optim.noise_std)
+
+
+def lr_multiplier(config: ml_collections.ConfigDict) -> optax.Schedule:
+  """Linear warm-up then cosine to 0 over all training steps, peak 1 (times `optim.lr`)."""
+  steps = config.train.steps
+  return optax.warmup_cosine_decay_schedule(
+      0.0, 1.0, warmup_steps=max(1, int(config.optim.warmup_fraction * steps)),
+      decay_steps=max(steps, 2))
+
+
+def clean_phase(config: ml_collections.ConfigDict, threshold: float = 0.5) -> dict[str, Any]:
+  """When the curriculum noise falls below `threshold` grey levels, and the share of the summed
+  learning rate that the steps from then on receive."""
+  steps = np.arange(config.train.steps)
+  multiplier = np.asarray(jax.vmap(lr_multiplier(config))(jnp.asarray(steps)))
+  noise = np.asarray(noise_std_at(jnp.asarray(steps), config))
+  clean = noise < threshold
+  first = int(np.argmax(clean)) if clean.any() else None
+  share = float(multiplier[clean].sum() / max(multiplier.sum(), 1e-12))
+  return {"noise_below": threshold, "first_step": first, "lr_share": share,
+          "step_share": float(clean.mean())}
+
+
+def decays_weight(params: Any) -> Any:
+  """True for kernels only: biases, norm scales, embeddings and positions are not decayed."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, _: getattr(path[-1], "key", None) == "kernel", params)
+
+
+def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+  """Clip -> Adam -> x lr -> + wd * params (kernels) -> x schedule, as big_vision's optimiser:
+  the weight decay follows the schedule but is not multiplied by the base learning rate."""
+  o = config.optim
+  return optax.chain(optax.clip_by_global_norm(o.clip_norm),
+                     optax.scale_by_adam(b1=0.9, b2=o.b2),
+                     optax.scale(o.lr),
+                     optax.add_decayed_weights(o.weight_decay, mask=decays_weight),
+                     optax.scale_by_schedule(lr_multiplier(config)),
+                     optax.scale(-1.0))
+
+
+def image_nll(model: model_lib.JetFormer, z_ar: jax.Array, z_rest: jax.Array,
+              logdet: jax.Array, hidden: jax.Array | None) -> jax.Array:
   """-log p(x) in nats per example, from flow outputs and (if any) decoder states."""
   if model.decoder is None:
+    z = jnp.concatenate([z_ar, z_rest], axis=-1)
     return -model_lib.standard_normal_log_prob(z) - logdet
-  z_ar, z_rest = z[..., :model.ar_dim], z[..., model.ar_dim:]
   return -(model.image_log_prob(hidden, z_ar) + model_lib.standard_normal_log_prob(z_rest)
            ) - logdet
+
+
+def add_input_noise(key: jax.Array, z_ar: jax.Array, max_std: float, where: jax.Array
+                    ) -> jax.Array:
+  """z_ar + s * N(0, 1) with a per-example s ~ U[0, max_std], only for examples in `where`."""
+  std_key, noise_key = jax.random.split(key)
+  std = jax.random.uniform(std_key, (z_ar.shape[0], 1, 1), z_ar.dtype, 0.0, max_std)
+  std = jnp.where(where[:, None, None], std, 0.0)
+  return z_ar + std * jax.random.normal(noise_key, z_ar.shape, z_ar.dtype)
 
 
 def loss_fn(model: model_lib.JetFormer, batch: dict[str, jax.Array], rng: jax.Array, *,
             config: ml_collections.ConfigDict, noise_std: jax.Array, train: bool
             ) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """Mean training loss and metrics for a batch {"image": uint8 [B, H, W, C], "label": [B]}."""
+  """Mean training loss and metrics for a batch {"image": int [B, H, W, C], "label": [B]}."""
   num_levels = config.data.num_levels
   levels, labels = batch["image"], batch["label"]
   batch_size = labels.shape[0]
-  noise_key, dequant_key, direction_key, drop_key, dropout_key = jax.random.split(rng, 5)
+  (noise_key, dequant_key, direction_key, drop_key, dropout_key,
+   input_noise_key) = jax.random.split(rng, 6)
   if train and config.model.use_decoder:
     image_first = jax.random.uniform(direction_key, (batch_size,)) < config.optim.understanding_prob
   else:
     image_first = jnp.zeros((batch_size,), bool)
   # The curriculum blurs only images that are generation targets.
-  noisy = tokens_lib.add_curriculum_noise(noise_key, levels, noise_std, num_levels)
+  noisy = tokens_lib.add_curriculum_noise(noise_key, levels, noise_std)
   levels = jnp.where(image_first[:, None, None, None], levels, noisy)
   x = tokens_lib.dequantize(dequant_key, levels, num_levels)
   patches = tokens_lib.patchify(x, config.model.patch)
   z, logdet = model.encode(patches)
   num_dims = int(np.prod(levels.shape[1:]))
+  z_ar, z_rest = z[..., :model.ar_dim], z[..., model.ar_dim:]
   if model.decoder is None:
-    bpd = bits_per_dim(image_nll(model, z, logdet, None), num_dims, num_levels)
+    bpd = bits_per_dim(image_nll(model, z_ar, z_rest, logdet, None), num_dims, num_levels)
     return bpd.mean(), {"bpd": bpd.mean()}
 
-  z_ar = z[..., :model.ar_dim]
+  if train and config.model.input_noise_std > 0:
+    z_ar = add_input_noise(input_noise_key, z_ar, config.model.input_noise_std, ~image_first)
   dropped = jax.random.uniform(drop_key, (batch_size,)) < config.optim.label_dropout
   labels_in = jnp.where(train & dropped & ~image_first, model.vocab.no_label, labels)
   z_in = jnp.where(image_first[:, None, None], jax.lax.stop_gradient(z_ar), z_ar)
   hidden = model.hidden(labels_in, z_in, image_first, rng=dropout_key if train else None)
-  bpd = bits_per_dim(image_nll(model, z, logdet, hidden), num_dims, num_levels)
+  bpd = bits_per_dim(image_nll(model, z_ar, z_rest, logdet, hidden), num_dims, num_levels)
   logits = model.class_logits(hidden)
   ce = -jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], axis=1)[:, 0]
   generation = (~image_first).astype(bpd.dtype)
@@ -91,14 +168,6 @@ def loss_fn(model: model_lib.JetFormer, batch: dict[str, jax.Array], rng: jax.Ar
   class_loss = jnp.sum(ce * understanding) / jnp.maximum(understanding.sum(), 1.0)
   loss = image_loss + config.optim.class_weight * class_loss
   return loss, {"bpd": image_loss, "class_ce": class_loss}
-
-
-def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
-  o, steps = config.optim, config.train.steps
-  schedule = optax.warmup_cosine_decay_schedule(
-      0.0, o.lr, warmup_steps=max(1, int(o.warmup_fraction * steps)), decay_steps=max(steps, 2))
-  return optax.chain(optax.clip_by_global_norm(o.clip_norm),
-                     optax.adamw(schedule, b1=0.9, b2=o.b2, weight_decay=o.weight_decay))
 
 
 def train_arrays(config: ml_collections.ConfigDict, split: str) -> dict[str, np.ndarray]:
@@ -111,30 +180,47 @@ def train_arrays(config: ml_collections.ConfigDict, split: str) -> dict[str, np.
 def make_experiment(config: ml_collections.ConfigDict) -> train_loop.Experiment:
   model = make_model(config)
   optimizer = make_optimizer(config)
-  total = config.train.steps
+  num_seeds = config.train.num_seeds
+  config_lib.require(num_seeds >= 1, "train.num_seeds", f"must be positive, got {num_seeds}")
+  fraction = config.train.curriculum_fraction
+  config_lib.require(0 < fraction <= 1, "train.curriculum_fraction",
+                     f"must be in (0, 1], got {fraction}")
+  config_lib.require(config.model.input_noise_std >= 0, "model.input_noise_std",
+                     f"must be >= 0, got {config.model.input_noise_std}")
+  replicas = jnp.arange(num_seeds)
 
   def init(rng):
-    params = model.init(rng)
-    return {"params": params, "opt_state": optimizer.init(params),
+    params = jax.vmap(lambda r: model.init(jax.random.fold_in(rng, r)))(replicas)
+    return {"params": params, "opt_state": jax.vmap(optimizer.init)(params),
             "step": jnp.zeros([], jnp.int32)}
 
   def update(state, batch, rng):
-    noise_std = tokens_lib.curriculum_std(state["step"] / total, config.optim.noise_std)
+    noise_std = noise_std_at(state["step"], config)
 
-    def objective(params):
-      return loss_fn(model.module(params), batch, rng, config=config, noise_std=noise_std,
-                     train=True)
+    def replica_update(params, opt_state, key):
+      def objective(params):
+        return loss_fn(model.module(params), batch, key, config=config, noise_std=noise_std,
+                       train=True)
+      (loss, metrics), grads = jax.value_and_grad(objective, has_aux=True)(params)
+      updates, opt_state = optimizer.update(grads, opt_state, params)
+      return optax.apply_updates(params, updates), opt_state, loss, metrics
 
-    (loss, metrics), grads = jax.value_and_grad(objective, has_aux=True)(state["params"])
-    updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
-    new_state = {"params": optax.apply_updates(state["params"], updates),
-                 "opt_state": opt_state, "step": state["step"] + 1}
-    return new_state, {"loss": loss, "noise_std": noise_std, **metrics}
+    keys = jax.vmap(lambda r: jax.random.fold_in(rng, r))(replicas)
+    params, opt_state, loss, metrics = jax.vmap(replica_update)(
+        state["params"], state["opt_state"], keys)
+    new_state = {"params": params, "opt_state": opt_state, "step": state["step"] + 1}
+    out = {"loss": loss.mean(), "noise_std": noise_std,
+           **{name: value.mean() for name, value in metrics.items()}}
+    out.update({f"loss_seed{r}": loss[r] for r in range(num_seeds)})
+    return new_state, out
 
   def evaluate(state, batch):
-    _, metrics = loss_fn(model.module(state["params"]), batch, jax.random.key(0), config=config,
-                         noise_std=jnp.zeros([]), train=False)
-    return {"bpd": metrics["bpd"]}
+    def replica_bpd(params):
+      _, metrics = loss_fn(model.module(params), batch, jax.random.key(0), config=config,
+                           noise_std=jnp.zeros([]), train=False)
+      return metrics["bpd"]
+    bpd = jax.vmap(replica_bpd)(state["params"])
+    return {"bpd": bpd.mean(), **{f"bpd_seed{r}": bpd[r] for r in range(num_seeds)}}
 
   def train_data(process_index, process_count):
     source = pipeline.InMemorySource(train_arrays(config, "train"))
