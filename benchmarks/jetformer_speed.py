@@ -80,8 +80,8 @@ def profile(config, repeats: int = 30) -> list[tuple[str, float]]:
       ("decoder forward", 1e3 * time_call(jax.jit(decoder), params, z, repeats=repeats)),
       ("loss forward", 1e3 * time_call(jax.jit(loss), params, repeats=repeats)),
       ("loss + gradient", 1e3 * time_call(jax.jit(jax.grad(loss)), params, repeats=repeats)),
-      ("AdamW update", 1e3 * time_call(jax.jit(optimizer.update), grads, opt_state, params,
-                                       repeats=repeats)),
+      ("optimiser update", 1e3 * time_call(jax.jit(optimizer.update), grads, opt_state,
+                                           params, repeats=repeats)),
   ]
 
 
@@ -100,11 +100,15 @@ def main() -> None:
     rows.append(f"| {name} | {steps_per_s:.1f} | {compile_s:.1f} | {gflops:.2f} | "
                 f"{100 * gflops / peak:.2f}% |\n")
   parts = profile(config, repeats=cut(args, 30, to=3))
+  patch = config.model.patch
   text = (f"\n## jetformer quick train step, {machine()}{brief_mark(args)}\n\n"
-          f"Batch {config.train.batch_size}, 8x8 digits, 16 tokens x 4 dims. Matmul peak (jitted "
-          f"2048x2048 jnp.dot): {peak:.0f} GFLOP/s float32.\n\n"
+          f"Batch {config.train.batch_size}, 8x8 digits, {(8 // patch) ** 2} tokens x "
+          f"{patch * patch} dims; a step trains every seed of a variant (vmapped; "
+          f"{config.train.num_seeds} by default). Matmul peak (jitted 2048x2048 jnp.dot): "
+          f"{peak:.0f} GFLOP/s float32.\n\n"
           "| variant | steps/s | compile s | GFLOP/s | % of matmul peak |\n|---|---|---|---|---|\n"
-          + "".join(rows) + "\nWhere one JetFormer step goes (each part jitted alone):\n\n"
+          + "".join(rows)
+          + "\nWhere one JetFormer step of one seed goes (each part jitted alone):\n\n"
           "| part | ms |\n|---|---|\n" + "".join(f"| {n} | {ms:.1f} |\n" for n, ms in parts))
   publish([text], append=appends(args))
 

@@ -226,3 +226,24 @@ def plot_samples(samples: np.ndarray, labels_per_row: int, num_classes: int, tit
   fig.suptitle(title, fontsize=9)
   fig.tight_layout()
   return fig
+
+
+def plot_likelihood_vs_samples(per_seed: dict[str, dict[str, list]], title: str):
+  """Test bpd against sample accuracy, one point per training seed, one colour per variant:
+  the trade-off the curriculum claim is about, at a glance."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, ax = plt.subplots(figsize=(5.5, 4))
+  for name, bpds in per_seed["test_bpd"].items():
+    accuracies = per_seed["sample_accuracy"][name]
+    points = [(b, a) for b, a in zip(bpds, accuracies) if a is not None]
+    if points:
+      ax.scatter(*zip(*points), label=name, s=30)
+  ax.set_xlabel("test bits/dim (lower is better)")
+  ax.set_ylabel("class-conditional sample accuracy")
+  ax.set_title(title, fontsize=9)
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  return fig
