@@ -4,9 +4,11 @@ A denoiser is any function (xt [B, ...], t [B] int32) -> output [B, ...], where 
 predicts eps, x0 or v (see `schedules`). Each step turns the output into an estimate x0_hat
 (optionally clipped to [-clip_x0, clip_x0]) and steps to a less noisy x:
 
-* `ddpm_sample` (Ho et al. 2020) visits every t = T-1 .. 0 and draws x_{t-1} from the Gaussian
-  posterior q(x_{t-1} | x_t, x0 = x0_hat), with variance beta_tilde_t =
-  beta_t (1 - alpha_bar_{t-1}) / (1 - alpha_bar_t). The last step returns x0_hat, without noise.
+* `ddpm_sample` (Ho et al. 2020) visits every t = T-1 .. 0 and draws x_{t-1} from a Gaussian
+  with the mean of the posterior q(x_{t-1} | x_t, x0 = x0_hat) and the variance `variance` picks
+  (`schedules.reverse_variance`): the posterior's own beta_tilde_t =
+  beta_t (1 - alpha_bar_{t-1}) / (1 - alpha_bar_t) ("fixed_small", the default) or beta_t
+  ("fixed_large"). The last step returns x0_hat, without noise.
 * `ddim_sample` (Song et al. 2021) visits `num_steps` evenly spaced steps (`ddim_timesteps`) and
   moves from t to the next step t' (alpha_bar' = 1 after the last, i.e. x0) as
 
@@ -36,6 +38,7 @@ import numpy as np
 from jaxlab.diffusion.schedules import Schedule
 from jaxlab.diffusion.schedules import check_parameterization
 from jaxlab.diffusion.schedules import eps_from_x0
+from jaxlab.diffusion.schedules import reverse_variance
 from jaxlab.diffusion.schedules import to_x0_and_eps
 
 # (xt [B, ...], t [B] int32) -> model output [B, ...] (eps, x0 or v, per `parameterization`).
@@ -60,7 +63,8 @@ def _check_keys(keys, num_steps: int):
 
 def ddpm_sample(denoise: DenoiseFn, schedule: Schedule, x_T: jax.Array, keys: jax.Array, *,
                 parameterization: str = "eps", clip_x0: float | None = None,
-                remat: bool = False, start_step: int | None = None) -> jax.Array:
+                remat: bool = False, start_step: int | None = None,
+                variance: str = "fixed_small") -> jax.Array:
   """Ancestral sampling over t = start .. 0 (start = T-1 by default); returns x0 [B, ...].
 
   x_T: [B, ...] the sample at step `start` (pure noise when start = T-1; a diffused input for
@@ -85,8 +89,7 @@ def ddpm_sample(denoise: DenoiseFn, schedule: Schedule, x_T: jax.Array, keys: ja
   x0_coef = jnp.where(is_first, 1.0, jnp.sqrt(alpha_bar_prev) * betas / (1.0 - alpha_bar))
   xt_coef = jnp.where(is_first, 0.0,
                       jnp.sqrt(1.0 - betas) * (1.0 - alpha_bar_prev) / (1.0 - alpha_bar))
-  variance = betas * (1.0 - alpha_bar_prev) / (1.0 - alpha_bar)
-  std = jnp.where(is_first, 0.0, jnp.sqrt(jnp.maximum(variance, 0.0)))
+  std = jnp.sqrt(reverse_variance(schedule, variance)[:num_steps])
 
   def step(x, inputs):
     t, key, x0_c, xt_c, noise_std = inputs

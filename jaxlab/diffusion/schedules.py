@@ -30,6 +30,10 @@ import jax.numpy as jnp
 import numpy as np
 
 PARAMETERIZATIONS = ("eps", "x0", "v")
+# The variance of an ancestral sampler's step from t to t-1 (Ho et al. 2020, section 3.2; the
+# names are guided-diffusion's): "fixed_small", the posterior q(x_{t-1} | x_t, x0)'s
+# beta_tilde_t = beta_t (1 - alpha_bar_{t-1}) / (1 - alpha_bar_t), or "fixed_large", beta_t.
+REVERSE_VARIANCES = ("fixed_small", "fixed_large")
 
 
 class Schedule(NamedTuple):
@@ -137,6 +141,19 @@ def eps_from_v(schedule: Schedule, xt: jax.Array, t: jax.Array, v: jax.Array) ->
   """eps = sqrt(1 - alpha_bar) xt + sqrt(alpha_bar) v."""
   signal, sigma = _scales(schedule, t, xt)
   return sigma * xt + signal * v
+
+
+def reverse_variance(schedule: Schedule, kind: str = "fixed_small") -> jax.Array:
+  """The noise variance [T] of the reverse step from each t to t-1 (`REVERSE_VARIANCES`); 0 at
+  t = 0, whose step returns the clean estimate. "fixed_large" (beta_t) is the larger of the two
+  (beta_tilde_t <= beta_t), so a sampler using it is more stochastic."""
+  if kind not in REVERSE_VARIANCES:
+    raise ValueError(f"reverse variance must be one of {REVERSE_VARIANCES}, got {kind!r}")
+  alpha_bar = schedule.alphas_cumprod
+  alpha_bar_prev = jnp.concatenate([jnp.ones_like(alpha_bar[:1]), alpha_bar[:-1]])
+  variance = (schedule.betas if kind == "fixed_large"
+              else schedule.betas * (1.0 - alpha_bar_prev) / (1.0 - alpha_bar))
+  return jnp.where(jnp.arange(schedule.num_steps) == 0, 0.0, jnp.maximum(variance, 0.0))
 
 
 def check_parameterization(parameterization: str):

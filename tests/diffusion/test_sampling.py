@@ -163,7 +163,7 @@ def toy_denoiser_numpy(xt, t, params=(0.9, 0.3)):
   return np.tanh(w * xt) * (1 + t / 10) + b
 
 
-def reference_ddpm(schedule, x_T, keys, clip_x0):
+def reference_ddpm(schedule, x_T, keys, clip_x0, variance_kind="fixed_small"):
   """The DDPM loop written out in float64 NumPy for the toy eps predictor."""
   alpha_bar_all = np.asarray(schedule.alphas_cumprod, np.float64)
   betas = np.asarray(schedule.betas, np.float64)
@@ -177,7 +177,8 @@ def reference_ddpm(schedule, x_T, keys, clip_x0):
     alpha_bar_prev = alpha_bar_all[t - 1]
     mean = (np.sqrt(alpha_bar_prev) * betas[t] / (1 - alpha_bar) * x0
             + np.sqrt(1 - betas[t]) * (1 - alpha_bar_prev) / (1 - alpha_bar) * x)
-    variance = betas[t] * (1 - alpha_bar_prev) / (1 - alpha_bar)
+    variance = (betas[t] if variance_kind == "fixed_large"
+                else betas[t] * (1 - alpha_bar_prev) / (1 - alpha_bar))
     x = mean + np.sqrt(variance) * np.asarray(jax.random.normal(keys[t], x.shape, jnp.float32))
 
 
@@ -199,13 +200,16 @@ def reference_ddim(schedule, x_T, keys, timesteps, eta, clip_x0):
   return x
 
 
-def test_ddpm_matches_reference_loop():
+@pytest.mark.parametrize("variance", schedules.REVERSE_VARIANCES)
+def test_ddpm_matches_reference_loop(variance):
   schedule = schedules.linear_schedule(8, beta_start=0.05, beta_end=0.5)
   x_T = normal((5, 2), seed=5)
   keys = jax.random.split(jax.random.key(6), 8)
   clip_x0 = 1.2  # binds for some examples
-  got = sampling.ddpm_sample(toy_denoiser((0.9, 0.3)), schedule, x_T, keys, clip_x0=clip_x0)
-  np.testing.assert_allclose(got, reference_ddpm(schedule, x_T, keys, clip_x0), atol=1e-5)
+  got = sampling.ddpm_sample(toy_denoiser((0.9, 0.3)), schedule, x_T, keys, clip_x0=clip_x0,
+                             variance=variance)
+  np.testing.assert_allclose(got, reference_ddpm(schedule, x_T, keys, clip_x0, variance),
+                             atol=1e-5)
 
 
 def test_ddim_matches_reference_loop():

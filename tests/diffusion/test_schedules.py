@@ -175,3 +175,17 @@ def test_unknown_parameterization_raises():
     schedules.to_x0_and_eps(schedule, x, t, x, "score")
   with pytest.raises(ValueError, match="parameterization"):
     schedules.target_for(schedule, t, x, x, "epsilon")
+
+
+def test_reverse_variances_match_their_formulas():
+  schedule = schedules.cosine_schedule(50)
+  betas = np.asarray(schedule.betas, np.float64)
+  alpha_bar = np.asarray(schedule.alphas_cumprod, np.float64)
+  small = np.asarray(schedules.reverse_variance(schedule, "fixed_small"))
+  large = np.asarray(schedules.reverse_variance(schedule, "fixed_large"))
+  np.testing.assert_allclose(small[1:], betas[1:] * (1 - alpha_bar[:-1]) / (1 - alpha_bar[1:]),
+                             rtol=1e-5)
+  np.testing.assert_allclose(large[1:], betas[1:], rtol=1e-6)
+  assert small[0] == large[0] == 0.0 and np.all(small <= large + 1e-9)
+  with pytest.raises(ValueError, match="reverse variance"):
+    schedules.reverse_variance(schedule, "learned")

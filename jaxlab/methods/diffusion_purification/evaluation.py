@@ -42,7 +42,8 @@ def defended_logits(config: ml_collections.ConfigDict):
     keys = jax.random.split(key, purification.num_keys(t_star))
     purified = purification.purify(lambda x_t, t: denoise(denoiser_params, x_t, t), schedule, x,
                                    t_star, keys, remat=True,
-                                   parameterization=config.model.parameterization)
+                                   parameterization=config.model.parameterization,
+                                   variance=config.diffusion.variance)
     return classify(classifier_params, purified)
   return logits
 
@@ -113,7 +114,8 @@ def adversarial_examples(config: ml_collections.ConfigDict):
     keys = jax.random.split(key, purification.num_keys(t_star))
     purified = purification.purify(lambda x_t, t: denoise(denoiser_params, x_t, t), schedule,
                                    x_adv, t_star, keys,
-                                   parameterization=config.model.parameterization)
+                                   parameterization=config.model.parameterization,
+                                   variance=config.diffusion.variance)
     return x_adv, purified
   return jax.jit(run)
 

@@ -20,6 +20,7 @@ from jaxlab.core import metrics as metrics_lib
 from jaxlab.core import parallel
 from jaxlab.core import results
 from jaxlab.core import train_loop
+from jaxlab.diffusion import schedules
 from jaxlab.methods.diffusion_purification import addt
 from jaxlab.methods.diffusion_purification import evaluation
 from jaxlab.methods.diffusion_purification import models as models_lib
@@ -45,6 +46,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   config_lib.require_choice(config, "model.denoiser", models_lib.DENOISERS)
   config_lib.require_choice(config, "model.parameterization", models_lib.PARAMETERIZATIONS)
   config_lib.require_choice(config, "diffusion.schedule", ("linear", "cosine"))
+  config_lib.require_choice(config, "diffusion.variance", schedules.REVERSE_VARIANCES)
   d, a, e = config.diffusion, config.attack, config.eval
   config_lib.require(config.data.size >= 8, "data.size",
                      f"must be at least the digits' 8 pixels, got {config.data.size}")
