@@ -257,6 +257,11 @@ def run_line(payload: Mapping[str, Any]) -> str:
           f"{payload.get('device')}, seeds {payload.get('seeds')} (`results/{stem}.json`).")
 
 
+# Metrics under a key of this name hold every seed's values: kept in results.json for paired
+# comparisons, left out of the README tables (which show the means and standard errors).
+PER_SEED_KEY = "per_seed"
+
+
 def method_results_block(payload: Mapping[str, Any],
                          long: Mapping[str, Any] | None = None) -> str:
   """The measured numbers of one results.json (and of its long preset), for the method's README."""
@@ -268,7 +273,8 @@ def method_results_block(payload: Mapping[str, Any],
     lines += claims_table(run)
     lines += ["", "| metric | value |", "|---|---|"]
     lines += [f"| `{name}` | {format_number(value) if not isinstance(value, list) else value} |"
-              for name, value in flatten_metrics(run.get("metrics", {}))]
+              for name, value in flatten_metrics(run.get("metrics", {}))
+              if PER_SEED_KEY not in name.split(".")]
   return "\n".join(lines)
 
 
