@@ -180,8 +180,12 @@ def attacker_utility(features: jax.Array, labels: jax.Array, train_weights: jax.
 
 def fold_masks(classes: np.ndarray, members: np.ndarray, *, num_folds: int = 3,
                test_fraction: float = 0.3, num_classes: int,
-               seed: int) -> tuple[np.ndarray, np.ndarray]:
+               seed: int, per_class: bool = True) -> tuple[np.ndarray, np.ndarray]:
   """Per-(class, fold) 0/1 sample weights: (train_weights, test_weights), each [C, K, N] float32.
+
+  With `per_class=False` there is a single attacker per fold over every class (C = 1), still on
+  folds stratified by class: the official code's choice when a whole class is forgotten, where
+  the members all share one class and per-class attackers would have no non-members to face.
 
   The folds are scikit-learn's StratifiedShuffleSplit(num_folds, test_fraction, seed) stratified
   on `classes` [N]. Classes with fewer than 2 samples cannot be stratified (the paper drops
@@ -202,9 +206,12 @@ def fold_masks(classes: np.ndarray, members: np.ndarray, *, num_folds: int = 3,
     return train, test
   splitter = StratifiedShuffleSplit(n_splits=num_folds, test_size=test_fraction,
                                     random_state=seed)
+  attacker_of = classes if per_class else np.zeros_like(classes)
   for fold, (train_part, test_part) in enumerate(splitter.split(kept, classes[kept])):
     for part, out in ((kept[train_part], train), (kept[test_part], test)):
-      out[classes[part], fold, part] = 1.0
+      out[attacker_of[part], fold, part] = 1.0
+  if not per_class:
+    train, test = train[:1], test[:1]
   has_members = np.einsum("ckn,n->ck", train, members.astype(np.float32)) > 0
   has_non_members = np.einsum("ckn,n->ck", train, (~members).astype(np.float32)) > 0
   valid = (has_members & has_non_members).astype(np.float32)[:, :, None]

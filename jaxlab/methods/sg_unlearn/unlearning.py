@@ -14,8 +14,9 @@ alpha, the auditor's samples and folds, a key). One epoch:
    per-class attackers to the current scores of forget (member) and validation (non-member)
    examples; the leader takes one step of the same optimiser, with `attacker_lr`, down the gradient
    of alpha x the auditor's utility, which flows through the scores directly and through the
-   attackers' optimum by implicit differentiation (`auditor.attacker_utility`). With alpha = 0 the
-   step only applies momentum and weight decay, as in the official code, so alpha = 0 is FT.
+   attackers' optimum by implicit differentiation (`auditor.attacker_utility`). A replica with
+   alpha = 0 takes no such step (the official code skips the attacker at alpha = 0), so its
+   parameters and momentum are exactly FT's.
 
 Epochs are a `lax.scan` inside one jitted function vmapped over replicas; `core.replicas` runs
 chunks of epochs with logging, progress and resumable checkpoints.
@@ -179,7 +180,9 @@ def replica_chunk(model: functional.Functional, recipe: Recipe):
       utility, grads = jax.value_and_grad(
           lambda p: inputs.alpha * auditor_utility(model, recipe, p, inputs.auditor))(
               state["params"])
-      state = _sgd_step(recipe, state, grads, recipe.attacker_lr)
+      stepped = _sgd_step(recipe, state, grads, recipe.attacker_lr)
+      state = jax.tree.map(lambda new, old: jnp.where(inputs.alpha > 0, new, old), stepped,
+                           state)
       metrics["train/auditor_utility"] = utility / jnp.maximum(inputs.alpha, 1e-12)
     return state, metrics
 

@@ -198,3 +198,19 @@ def test_samples_masked_everywhere_do_not_change_the_utility():
     moved[unused] = np.random.default_rng(9).normal(size=(3, 2)) * 50.0
     np.testing.assert_allclose(utility(moved), utility(scores), rtol=1e-13)
     np.testing.assert_array_equal(np.asarray(jax.grad(utility)(scores))[unused], 0.0)
+
+
+def test_fold_masks_with_a_single_attacker_keep_the_class_stratified_folds():
+  classes = np.repeat(np.arange(5), 30)
+  members = classes == 2
+  per_class_train, per_class_test = auditor.fold_masks(classes, members, num_classes=5, seed=1)
+  train, test = auditor.fold_masks(classes, members, num_classes=5, seed=1, per_class=False)
+  assert train.shape == test.shape == (1, 3, len(classes))
+  # Per class, no class holds both labels, so every attacker is void; the single one is not,
+  # and it sees the same folds.
+  assert per_class_train.sum() == 0 and per_class_test.sum() == 0
+  folds = model_selection.StratifiedShuffleSplit(3, test_size=0.3, random_state=1).split(
+      classes, classes)
+  for k, (train_part, test_part) in enumerate(folds):
+    np.testing.assert_array_equal(np.flatnonzero(train[0, k]), np.sort(train_part))
+    np.testing.assert_array_equal(np.flatnonzero(test[0, k]), np.sort(test_part))

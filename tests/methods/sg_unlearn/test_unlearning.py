@@ -1,10 +1,14 @@
 """sg_unlearn: data splits, the compiled epoch loop, retraining's isolation, the evaluation MIA."""
+import dataclasses
+import pathlib
+
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxlab.core import config as config_lib
 from jaxlab.core import parallel
 from jaxlab.methods.sg_unlearn import auditor
 from jaxlab.methods.sg_unlearn import data as data_lib
@@ -13,6 +17,7 @@ from jaxlab.methods.sg_unlearn import reproduction
 from jaxlab.methods.sg_unlearn import unlearning
 
 MODEL = unlearning.classifier((16,))
+CONFIG = pathlib.Path(__file__).resolve().parents[3] / "configs" / "sg_unlearn.py"
 
 
 def toy_problem(num=60, seeds=(0, 1), alphas=(0.0,)):
@@ -103,8 +108,8 @@ def test_the_adversarial_step_lowers_the_auditors_utility():
 
 
 def test_at_alpha_zero_the_auditor_has_no_influence():
-  """alpha = 0 is FT (plus the official code's extra momentum step): the auditor's data can be
-  anything."""
+  """alpha = 0 takes no attacker step (as the official code): exactly FT, whatever the auditor's
+  data."""
   x, _, _, inputs = toy_problem(seeds=(0,), alphas=(0.0,))
   mesh = parallel.make_mesh(devices=jax.devices()[:1])
   params = jax.vmap(MODEL.init)(inputs.key)
@@ -114,6 +119,9 @@ def test_at_alpha_zero_the_auditor_has_no_influence():
   other = inputs._replace(auditor=inputs.auditor._replace(x=inputs.auditor.x * -3.0 + 1.0))
   moved = unlearning.run_phase(MODEL, recipe, params, other, x, mesh=mesh, progress=False)
   chex.assert_trees_all_equal(sg.params, moved.params)
+  ft = unlearning.run_phase(MODEL, dataclasses.replace(recipe, adversarial=False), params, inputs,
+                            x, mesh=mesh, progress=False)
+  chex.assert_trees_all_close(sg.params, ft.params, rtol=1e-6, atol=1e-7)
   stronger = unlearning.run_phase(MODEL, recipe, params, other._replace(
       alpha=jnp.ones_like(other.alpha)), x, mesh=mesh, progress=False)
   assert not np.allclose(jax.tree.leaves(stronger.params)[0], jax.tree.leaves(sg.params)[0])
@@ -143,3 +151,38 @@ def test_evaluate_and_gap_to_retrain():
   assert m["ks"] == pytest.approx(stats.ks_2samp(train_losses[:20], test_losses).statistic)
   shifted = dict(m, test_acc=m["test_acc"] - 0.6)
   assert evaluation.gap_to_retrain(shifted, m) == pytest.approx(0.6 / 6)
+
+
+def test_classwise_auditor_has_one_attacker_and_no_forgotten_class_among_non_members():
+  config = config_lib.load_config(CONFIG, "smoke")
+  splits = data_lib.load_splits(300, seed=0, pixel_noise=0.5)
+  forget = data_lib.forget_mask(splits.y_train, "classwise", 3)
+  samples = reproduction.auditor_samples(splits, forget, int(forget.sum()), config, 3,
+                                         "classwise")
+  assert samples.train_weights.shape[0] == 1
+  members = samples.member_sign > 0
+  nonmembers = (samples.member_sign < 0)
+  assert set(samples.y[members].tolist()) == {3} and 3 not in set(samples.y[nonmembers].tolist())
+  random = reproduction.auditor_samples(splits, data_lib.forget_mask(splits.y_train, "random", 3),
+                                        30, config, 3, "random")
+  assert random.train_weights.shape[0] == data_lib.NUM_CLASSES
+
+
+def test_claims_are_decided_over_seeds_at_the_selected_and_at_matched_alphas():
+  rng = np.random.default_rng(0)
+  def method(test_acc, mia, selection):
+    runs = [{"test_acc": test_acc + 0.001 * rng.normal(), "mia_acc": mia + 0.002 * rng.normal(),
+             "mia_auc": mia + 0.1 + 0.002 * rng.normal()} for _ in range(6)]
+    for r in runs:
+      r.update({k: 0.0 for k in evaluation.METRICS if k not in r}, selection=selection)
+    return runs
+  outcome = {"random": {"retrain": method(0.9, 0.5, 0.0), "ft": method(0.9, 0.6, 0.0),
+                        "sg_alpha_1": method(0.905, 0.52, 0.2),
+                        "sg_alpha_5": method(0.85, 0.5, 0.1)}}
+  summary = reproduction.summarize(outcome)
+  assert len(summary["random"]["ft"]["per_seed"]["mia_acc_gap"]) == 6
+  claims, _ = reproduction.claims(summary)
+  selected, frontier = claims
+  assert selected["holds"] and "sg_alpha_1" in selected["statement"]
+  assert frontier["holds"] and frontier["ours"]["matched_alphas"] == ["sg_alpha_1"]
+  assert selected["paired"]["mia_acc"]["n"] == 6
