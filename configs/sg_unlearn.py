@@ -45,7 +45,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.model.hidden = (32,)
     c.train.update(dict(steps=3, original_epochs=None, eval_every=2, ckpt_every=2,
                         progress=False))
-    c.data.update(dict(num_seeds=2))
+    c.data.update(dict(num_seeds=2, num_train=300))
     c.auditor.update(dict(alphas=(1.0,), newton_steps=4))
     c.eval.mia_folds = 3
   if arg.steps:
