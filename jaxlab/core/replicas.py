@@ -56,6 +56,16 @@ def scan_chunk(step: Callable[[PyTree, jax.Array], tuple[PyTree, Any]], state: P
   return state, jax.tree.map(lambda m: m[last], metrics)
 
 
+def num_replicas(tree: PyTree) -> int:
+  """R of a replica-stacked tree (every leaf [R, ...])."""
+  return int(jax.tree.leaves(tree)[0].shape[0])
+
+
+def take(tree: PyTree, index: int) -> PyTree:
+  """Replica `index` of a replica-stacked tree."""
+  return jax.tree.map(lambda leaf: leaf[index], tree)
+
+
 def replica_sharding(num_replicas: int, mesh: jax.sharding.Mesh) -> jax.sharding.NamedSharding:
   """Replicas split over the data axis when they divide it, else replicated (each replica's
   step is independent, so either placement gives the same result)."""
@@ -65,8 +75,7 @@ def replica_sharding(num_replicas: int, mesh: jax.sharding.Mesh) -> jax.sharding
 
 def place(tree: PyTree, mesh: jax.sharding.Mesh) -> PyTree:
   """Replica-stacked arrays [R, ...] placed by `replica_sharding`."""
-  num_replicas = jax.tree.leaves(tree)[0].shape[0]
-  return jax.device_put(tree, replica_sharding(num_replicas, mesh))
+  return jax.device_put(tree, replica_sharding(num_replicas(tree), mesh))
 
 
 @dataclasses.dataclass

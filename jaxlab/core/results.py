@@ -41,6 +41,12 @@ STATUSES = ("not started", "partial", "reproduced")
 SIGNIFICANCE = 2.0   # a paired difference counts when it exceeds this many standard errors
 
 
+def standard_error(values: Sequence[float] | np.ndarray) -> float:
+  """Standard error of the mean, std (ddof 1) / sqrt(n); NaN for fewer than two values."""
+  values = np.asarray(values, np.float64).reshape(-1)
+  return float(values.std(ddof=1) / np.sqrt(values.size)) if values.size > 1 else math.nan
+
+
 def paired_comparison(ours: Sequence[float] | np.ndarray, baseline: Sequence[float] | np.ndarray,
                       *, lower_is_better: bool, min_effect: float = 0.0) -> dict[str, Any]:
   """Decides "ours is better than the baseline" over paired values (the same seeds, or the same
@@ -67,7 +73,7 @@ def paired_comparison(ours: Sequence[float] | np.ndarray, baseline: Sequence[flo
   difference = ours - baseline
   finite = np.isfinite(difference)
   mean = float(difference.mean())
-  stderr = float(difference.std(ddof=1) / np.sqrt(n))
+  stderr = standard_error(difference)
   improvement = -mean if lower_is_better else mean
   all_finite = bool(finite.all())
   return {"difference": mean, "stderr": stderr, "n": n,

@@ -53,3 +53,11 @@ def test_replica_sharding_splits_only_when_replicas_divide_the_devices():
   assert replicas.replica_sharding(3, mesh) == parallel.replicated(mesh)
   placed = replicas.place({"a": np.zeros((16, 2))}, mesh)
   assert placed["a"].sharding == parallel.data_sharded(mesh)
+
+
+def test_replica_stacked_tree_helpers():
+  tree = {"w": jnp.arange(6.0).reshape(3, 2), "b": jnp.arange(3.0)}
+  assert replicas.num_replicas(tree) == 3
+  second = replicas.take(tree, 1)
+  np.testing.assert_array_equal(second["w"], [2.0, 3.0])
+  assert float(second["b"]) == 1.0

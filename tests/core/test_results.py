@@ -192,3 +192,9 @@ def test_long_preset_results_are_published_with_the_suffix(tmp_path, monkeypatch
                         headline_metric=None, wall_s=1.0)
   assert (tmp_path / "published" / "toy_long.json").exists()
   assert not (tmp_path / "published" / "toy.json").exists()
+
+
+def test_standard_error_of_the_mean():
+  np.testing.assert_allclose(results.standard_error([1.0, 2.0, 3.0, 4.0]),
+                             np.std([1, 2, 3, 4], ddof=1) / 2)
+  assert np.isnan(results.standard_error([1.0]))

@@ -12,6 +12,7 @@ import ml_collections
 import numpy as np
 
 from jaxlab.core import config as config_lib
+from jaxlab.core import replicas
 from jaxlab.core import results
 from jaxlab.data import digits
 from jaxlab.methods.jetformer import sampling
@@ -98,8 +99,8 @@ def evaluate_variant(config: ml_collections.ConfigDict, params: Any, classify
   evaluator = Evaluator(config)
   out: dict[str, Any] = {"test_bpd": [], "sample_accuracy": [], "cfg_acceptance": [],
                          "factored_std": []}
-  for r in range(training.num_replicas(params)):
-    seed_params = training.replica(params, r)
+  for r in range(replicas.num_replicas(params)):
+    seed_params = replicas.take(params, r)
     key = jax.random.fold_in(jax.random.key(config.seed + 1), r)
     out["test_bpd"].append(float(evaluator.bpd(seed_params, key)))
     samples, labels, acceptance = evaluator.generate(seed_params, jax.random.fold_in(key, 1))
@@ -128,7 +129,7 @@ def _stderr(values: list[float | None], samples_per_seed: int) -> float | None:
   if not finite:
     return None
   if len(finite) >= 2:
-    return float(np.std(finite, ddof=1) / np.sqrt(len(finite)))
+    return results.standard_error(finite)
   p = finite[0]
   return float(np.sqrt(p * (1 - p) / samples_per_seed))
 

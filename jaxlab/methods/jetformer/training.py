@@ -47,15 +47,6 @@ def make_model(config: ml_collections.ConfigDict) -> functional.Functional:
       rngs=rngs))
 
 
-def replica(params: Any, index: int) -> Any:
-  """One training seed's parameters out of the replica-stacked [R, ...] tree."""
-  return jax.tree.map(lambda leaf: leaf[index], params)
-
-
-def num_replicas(params: Any) -> int:
-  return int(jax.tree.leaves(params)[0].shape[0])
-
-
 def bits_per_dim(nll_nats: jax.Array, num_dims: int, num_levels: int) -> jax.Array:
   """Continuous NLL (nats, per example) -> discrete bits per pixel dimension."""
   return nll_nats / (num_dims * math.log(2)) + math.log2(tokens_lib.bin_scale(num_levels))

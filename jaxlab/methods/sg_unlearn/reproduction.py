@@ -7,7 +7,6 @@ alpha = 0 replicas are the FT baseline (the official code's alpha = 0 is plain F
 """
 from __future__ import annotations
 
-import math
 import os
 from typing import Any
 
@@ -244,14 +243,10 @@ def summarize(outcome: dict[str, Any]) -> dict[str, Any]:
               *(f"{k}_gap" for k in MIA_METRICS))
       entry = {k: float(np.mean([r[k] for r in runs])) for k in keys}
       reported = (*REPORTED, *(f"{k}_gap" for k in MIA_METRICS))
-      entry["stderr"] = {k: _stderr([r[k] for r in runs]) for k in reported}
+      entry["stderr"] = {k: results.standard_error([r[k] for r in runs]) for k in reported}
       entry["per_seed"] = {k: [float(r[k]) for r in runs] for k in reported}
       summary.setdefault(setting, {})[name] = entry
   return summary
-
-
-def _stderr(values: list[float]) -> float:
-  return float(np.std(values, ddof=1) / np.sqrt(len(values))) if len(values) > 1 else math.nan
 
 
 def _closer_than_ft(methods: dict[str, Any], name: str) -> dict[str, Any]:
