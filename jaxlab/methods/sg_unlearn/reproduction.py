@@ -229,8 +229,9 @@ REPORTED = ("test_acc", "mia_acc", "mia_auc")
 
 def summarize(outcome: dict[str, Any]) -> dict[str, Any]:
   """Per `<setting>.<method>`: seed means of every metric with gap_to_retrain and the selection
-  score; `stderr` of the reported metrics over seeds; `<metric>_gap` (|method - retrain| per
-  seed for the MIA accuracy and AUC) with its `stderr`; and every seed's values in `per_seed`."""
+  score; `seed_std` (the spread over seeds) and `stderr` of the reported metrics; `<metric>_gap`
+  (|method - retrain| per seed for the MIA accuracy and AUC) with its `stderr`; and every seed's
+  values in `per_seed`."""
   summary: dict[str, Any] = {}
   for setting, methods in outcome.items():
     retrain_runs = methods["retrain"]
@@ -243,6 +244,7 @@ def summarize(outcome: dict[str, Any]) -> dict[str, Any]:
               *(f"{k}_gap" for k in MIA_METRICS))
       entry = {k: float(np.mean([r[k] for r in runs])) for k in keys}
       reported = (*REPORTED, *(f"{k}_gap" for k in MIA_METRICS))
+      entry["seed_std"] = {k: float(np.std([r[k] for r in runs])) for k in REPORTED}
       entry["stderr"] = {k: results.standard_error([r[k] for r in runs]) for k in reported}
       entry["per_seed"] = {k: [float(r[k]) for r in runs] for k in reported}
       summary.setdefault(setting, {})[name] = entry
