@@ -2,6 +2,9 @@
 
   python -m experiments.diffusion_purification --config=configs/diffusion_purification.py:quick
 
+  python -m experiments.diffusion_purification \
+      --config=configs/diffusion_purification.py:quick,ablation=x0_mlp
+
 Trainings resume from `<workdir>/{classifier,pretrain,finetune/<model>}/`. Writes
 `<workdir>/results.json` (and, for the quick preset, `results/diffusion_purification.json`) and a
 figure of the accuracies with example adversarial and purified digits.
@@ -27,10 +30,13 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
   claims, headline = reproduction.claims(summary)
   shown = denoisers.get("addt", next(iter(denoisers.values())))
   figure = reproduction.plot(summary, reproduction.examples(config, classifier_params, shown))
-  results.save_figure(figure, workdir, "robustness.png", SLUG, config)
+  # An ablation's results stay in the workdir; the README names the file under
+  # results/ablations/ each is copied to.
+  publish = False if config.ablation else None
+  results.save_figure(figure, workdir, "robustness.png", SLUG, config, publish=publish)
   return results.write_results(
       workdir, slug=SLUG, config=config, metrics=summary, claims=claims,
-      headline_metric=headline, wall_s=time.perf_counter() - start + earlier_s)
+      headline_metric=headline, wall_s=time.perf_counter() - start + earlier_s, publish=publish)
 
 
 if __name__ == "__main__":

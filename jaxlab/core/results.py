@@ -163,15 +163,17 @@ def write_results(workdir: str | os.PathLike, *, slug: str, config: ml_collectio
 
 
 def save_figure(figure: Any, workdir: str | os.PathLike, filename: str, slug: str,
-                config: ml_collections.ConfigDict) -> None:
-  """Saves a matplotlib figure in the workdir (process 0) and, for quick and long runs, in
-  results/ as `<slug>_<filename>` or `<slug>_long_<filename>`."""
+                config: ml_collections.ConfigDict, publish: bool | None = None) -> None:
+  """Saves a matplotlib figure in the workdir (process 0) and, for quick and long runs (or as
+  `publish` says), in results/ as `<slug>_<filename>` or `<slug>_long_<filename>`."""
   if jax.process_index() != 0:
     return
   path = pathlib.Path(workdir) / filename
   path.parent.mkdir(parents=True, exist_ok=True)
   figure.savefig(path, dpi=120)
-  if config.preset in config_lib.PUBLISHED_PRESETS:
+  if publish is None:
+    publish = config.preset in config_lib.PUBLISHED_PRESETS
+  if publish:
     RESULTS_DIR.mkdir(exist_ok=True)
     shutil.copyfile(path, RESULTS_DIR / f"{published_stem(slug, config)}_{filename}")
 

@@ -313,6 +313,28 @@ def test_remat_gradient_equals_plain_gradient(sampler):
 
 
 @pytest.mark.parametrize("sampler", ["ddpm", "ddim"])
+def test_unrolled_sampler_equals_rolled_one(sampler):
+  schedule = schedules.linear_schedule(12, 1e-3, 0.2)
+  denoise = toy_denoiser((0.9, 0.3))
+  x_T = normal((3, 4, 4, 1), seed=9)
+  keys = jax.random.split(jax.random.key(4), 12 if sampler == "ddpm" else 4)
+
+  def sample(x, unroll):
+    if sampler == "ddpm":
+      return sampling.ddpm_sample(denoise, schedule, x, keys, unroll=unroll,
+                                  variance="fixed_large")
+    return sampling.ddim_sample(denoise, schedule, x, keys, num_steps=4, eta=1.0, unroll=unroll)
+  for unroll in (True, 5):
+    np.testing.assert_allclose(sample(x_T, unroll), sample(x_T, 1), rtol=1e-5, atol=1e-6)
+    rolled = jax.grad(lambda x: jnp.sum(jnp.sin(sample(x, 1))))(x_T)
+    unrolled = jax.grad(lambda x: jnp.sum(jnp.sin(sample(x, unroll))))(x_T)
+    np.testing.assert_allclose(unrolled, rolled, rtol=1e-5, atol=1e-6)
+  num_steps = keys.shape[0]
+  assert f"unroll={num_steps}" in str(jax.make_jaxpr(lambda x: sample(x, True))(x_T))
+  assert "unroll=1" in str(jax.make_jaxpr(lambda x: sample(x, 1))(x_T))
+
+
+@pytest.mark.parametrize("sampler", ["ddpm", "ddim"])
 def test_gradient_matches_finite_differences(sampler):
   with jax.enable_x64(True):
     schedule = jax.tree.map(lambda a: a.astype(jnp.float64),

@@ -1,7 +1,7 @@
 """Clean and robust accuracy of a purifier + classifier under the two attack protocols.
 
 The defended classifier is `logits(x, key) = classifier(purify(x, keys = split(key, t* + 2)))`.
-For one batch, `evaluate_batch` runs, inside one jit:
+For one batch, `evaluate_batch` runs (jitted pieces, the PGD loop in Python):
 
 * clean accuracy: the clean images, purified with `num_draws` fresh keys (accuracy averaged);
 * stochastic white-box: PGD (L-inf) with EOT, a fresh purification for every EOT draw of every
@@ -9,7 +9,9 @@ For one batch, `evaluate_batch` runs, inside one jit:
   fresh keys the attack never saw;
 * DW-box: one key drawn for the batch fixes the forward noise and every reverse noise; PGD with
   EOT = 1 attacks that fixed function (`attacks.fixed_keys`) and the evaluation purifies with the
-  same key, so it scores exactly the function that was attacked.
+  same key, so it scores exactly the function that was attacked. With `check_convergence` the
+  same DW-box attack runs on to `attack.convergence_steps` steps and is scored there too
+  (`robust_acc_dwbox_long`): PGD-20 is the 20th iterate of that longer run.
 
 `undefended_batch` is the reference without purification: the classifier alone under PGD.
 Every model is evaluated with the same keys per batch, so the comparisons are paired.
@@ -29,6 +31,8 @@ from jaxlab.methods.diffusion_purification import models
 from jaxlab.methods.diffusion_purification import purification
 
 PROTOCOLS = ("clean_acc", "robust_acc_eot", "robust_acc_dwbox")
+# The DW-box accuracy after `attack.convergence_steps` PGD steps (evaluator(check_convergence)).
+DWBOX_LONG = "robust_acc_dwbox_long"
 
 
 def defended_logits(config: ml_collections.ConfigDict):
@@ -43,7 +47,8 @@ def defended_logits(config: ml_collections.ConfigDict):
     purified = purification.purify(lambda x_t, t: denoise(denoiser_params, x_t, t), schedule, x,
                                    t_star, keys, remat=True,
                                    parameterization=config.model.parameterization,
-                                   variance=config.diffusion.variance)
+                                   variance=config.diffusion.variance,
+                                   unroll=config.diffusion.unroll)
     return classify(classifier_params, purified)
   return logits
 
@@ -53,33 +58,52 @@ def _pgd(config, loss, x, keys):
                           step_size=config.attack.step_size)
 
 
-def evaluator(config: ml_collections.ConfigDict):
-  """jit((classifier params, denoiser params, x [B, ...], y [B], key) -> {protocol: correct [B]}),
-  per-example accuracies (fractions of the draws for the stochastic protocols)."""
+def evaluator(config: ml_collections.ConfigDict, *, check_convergence: bool = False):
+  """(classifier params, denoiser params, x [B, ...], y [B], key) -> {protocol: correct [B]},
+  per-example accuracies (fractions of the draws for the stochastic protocols); with
+  `check_convergence` also `DWBOX_LONG`. The attacks loop over jitted PGD steps from Python
+  (`attacks.pgd_linf_host_loop`); each piece is compiled once and reused for every model."""
   logits = defended_logits(config)
   a = config.attack
+  dwbox_steps = max(a.steps, a.convergence_steps) if check_convergence else a.steps
+  recorded = (a.steps, dwbox_steps) if check_convergence else (a.steps,)
+
+  @jax.jit
+  def attack_step(classifier_params, denoiser_params, x_adv, x, y, step_keys):
+    def loss(x_in, k):
+      return jnp.sum(models.cross_entropy(logits(classifier_params, denoiser_params, x_in, k), y))
+    return attacks.pgd_step(loss, x_adv, x, step_keys, epsilon=a.epsilon,
+                            step_size=a.step_size)
+
+  @jax.jit
+  def correct(classifier_params, denoiser_params, x_in, y, key):
+    return (jnp.argmax(logits(classifier_params, denoiser_params, x_in, key), -1) == y
+            ).astype(jnp.float32)
+
+  @jax.jit
+  def fresh_draws(classifier_params, denoiser_params, x_in, y, key):
+    draws = jax.random.split(key, config.eval.num_draws)
+    return jnp.mean(jax.vmap(lambda d: correct(classifier_params, denoiser_params, x_in, y, d)
+                             )(draws), axis=0)
 
   def evaluate_batch(classifier_params, denoiser_params, x, y, key):
     clean_key, eot_attack_key, eot_eval_key, dwbox_key = jax.random.split(key, 4)
+    step = lambda x_adv, x_clean, k: attack_step(classifier_params, denoiser_params, x_adv,
+                                                 x_clean, y, k)
+    x_eot = attacks.pgd_linf_host_loop(
+        step, x, attacks.stochastic_keys(eot_attack_key, a.steps, a.eot), record_at=(a.steps,))
+    x_dwbox = attacks.pgd_linf_host_loop(step, x, attacks.fixed_keys(dwbox_key, dwbox_steps),
+                                         record_at=recorded)
+    out = {"clean_acc": fresh_draws(classifier_params, denoiser_params, x, y, clean_key),
+           "robust_acc_eot": fresh_draws(classifier_params, denoiser_params, x_eot[0], y,
+                                         eot_eval_key),
+           "robust_acc_dwbox": correct(classifier_params, denoiser_params, x_dwbox[0], y,
+                                       dwbox_key)}
+    if check_convergence:
+      out[DWBOX_LONG] = correct(classifier_params, denoiser_params, x_dwbox[1], y, dwbox_key)
+    return out
 
-    def correct(x_in, k):
-      return (jnp.argmax(logits(classifier_params, denoiser_params, x_in, k), -1) == y
-              ).astype(jnp.float32)
-
-    def fresh_draws(x_in, k):
-      draws = jax.random.split(k, config.eval.num_draws)
-      return jnp.mean(jax.vmap(lambda d: correct(x_in, d))(draws), axis=0)
-
-    def loss(x_in, k):
-      return jnp.sum(models.cross_entropy(logits(classifier_params, denoiser_params, x_in, k), y))
-
-    x_eot = _pgd(config, loss, x, attacks.stochastic_keys(eot_attack_key, a.steps, a.eot))
-    x_dwbox = _pgd(config, loss, x, attacks.fixed_keys(dwbox_key, a.steps))
-    return {"clean_acc": fresh_draws(x, clean_key),
-            "robust_acc_eot": fresh_draws(x_eot, eot_eval_key),
-            "robust_acc_dwbox": correct(x_dwbox, dwbox_key)}
-
-  return jax.jit(evaluate_batch)
+  return evaluate_batch
 
 
 def undefended_evaluator(config: ml_collections.ConfigDict):
@@ -115,14 +139,16 @@ def adversarial_examples(config: ml_collections.ConfigDict):
     purified = purification.purify(lambda x_t, t: denoise(denoiser_params, x_t, t), schedule,
                                    x_adv, t_star, keys,
                                    parameterization=config.model.parameterization,
-                                   variance=config.diffusion.variance)
+                                   variance=config.diffusion.variance,
+                                   unroll=config.diffusion.unroll)
     return x_adv, purified
   return jax.jit(run)
 
 
-def batch_key(seed: int, index: int) -> jax.Array:
-  """The evaluation key of batch `index`, the same for every model."""
-  return jax.random.fold_in(jax.random.key(seed), index)
+def batch_key(seed: int, index: int, replicate: int = 0) -> jax.Array:
+  """The evaluation key of batch `index` in purification seed `replicate`, the same for every
+  model (so per-image results pair across models)."""
+  return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), replicate), index)
 
 
 def concatenate_batches(per_batch: list[dict[str, Any]]) -> dict[str, np.ndarray]:

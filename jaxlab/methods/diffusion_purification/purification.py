@@ -21,9 +21,11 @@ def num_keys(t_star: int) -> int:
 
 def purify(denoise: sampling.DenoiseFn, schedule: schedules.Schedule, x: jax.Array,
            t_star: int, keys: jax.Array, *, remat: bool = True, clip_x0: float | None = 1.0,
-           parameterization: str = "eps", variance: str = "fixed_small") -> jax.Array:
+           parameterization: str = "eps", variance: str = "fixed_small",
+           unroll: int | bool = 1) -> jax.Array:
   """x [B, ...] in [-1, 1] -> purified [B, ...]; differentiable in x (and the denoiser).
-  `variance`: the reverse steps' noise variance (`schedules.REVERSE_VARIANCES`)."""
+  `variance`: the reverse steps' noise variance (`schedules.REVERSE_VARIANCES`); `unroll`: the
+  reverse scan's unrolling (`sampling.ddpm_sample`: a convolutional denoiser on CPU wants True)."""
   if keys.shape[0] != num_keys(t_star):
     raise ValueError(f"purify needs t* + 2 = {num_keys(t_star)} keys, got {keys.shape[0]}")
   eps = jax.random.normal(keys[0], x.shape, x.dtype)
@@ -31,4 +33,4 @@ def purify(denoise: sampling.DenoiseFn, schedule: schedules.Schedule, x: jax.Arr
   x_t = schedules.q_sample(schedule, x, t, eps)
   return sampling.ddpm_sample(denoise, schedule, x_t, keys[1:], start_step=t_star,
                               clip_x0=clip_x0, remat=remat, parameterization=parameterization,
-                              variance=variance)
+                              variance=variance, unroll=unroll)

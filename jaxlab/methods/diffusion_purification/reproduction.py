@@ -31,8 +31,14 @@ MODELS = ("pretrained",) + addt.PERTURBATIONS
 # Paired per-example differences reported (same images, same attack and purification keys).
 PAIRED_COMPARISONS = (("addt", "plain"), ("addt", "pretrained"), ("addt", "addt_no_rbgm"),
                       ("plain", "pretrained"))
-# "Far below": the DW-box robust accuracy is at most this fraction of the EOT one.
+# "Most of the gain disappears": the DW-box gain over the undefended classifier is at most this
+# fraction of the EOT gain.
 FAR_BELOW = 0.5
+# The DW-box attack has converged when PGD-<steps> and PGD-<convergence_steps> differ by at most
+# this much robust accuracy.
+CONVERGED_WITHIN = 0.01
+# The purifiers whose DW-box attack also runs on to `attack.convergence_steps` steps.
+CONVERGENCE_MODELS = ("pretrained",)
 # What the summary keeps of each paired comparison (the claim's `paired` entry too).
 PAIRED_FIELDS = ("difference", "stderr", "n", "better")
 
@@ -122,28 +128,49 @@ def test_batches(config: ml_collections.ConfigDict):
 
 def evaluate(config: ml_collections.ConfigDict, classifier_params: Any,
              denoisers: dict[str, Any]) -> dict[str, Any]:
-  """{"no_defence": {...}, <model>: {clean_acc, robust_acc_eot, robust_acc_dwbox,
-  denoise_mse}, "paired_gain": {"<a>_vs_<b>": {protocol: results.paired_comparison}}}, every
-  model scored on the same test batches with the same keys (so the examples are the pairs)."""
+  """{"no_defence": {...}, <model>: {clean_acc, robust_acc_eot, robust_acc_dwbox, denoise_mse,
+  seed_std: {protocol}, per_seed: {protocol: [mean per purification seed]}}, "paired_gain":
+  {"<a>_vs_<b>": {protocol: results.paired_comparison}}, "stochasticity": ..., "dwbox_convergence":
+  ...}. Every model is scored on the same test batches with the same keys in each of
+  `eval.num_seeds` purification seeds (so the examples are the pairs; an image's accuracy is its
+  mean over the seeds). The models in CONVERGENCE_MODELS also run the DW-box attack on to
+  `attack.convergence_steps` steps, in the first seed."""
   with train_loop.precision_scope(config):
     batches = test_batches(config)
     undefended = evaluation.undefended_evaluator(config)
-    summary: dict[str, Any] = {"no_defence": evaluation.mean_over_batches([
+    undefended_per_example = evaluation.concatenate_batches([
         undefended(classifier_params, x, y, evaluation.batch_key(config.seed, i))
-        for i, (x, y) in enumerate(batches)])}
-    evaluate_batch = evaluation.evaluator(config)
+        for i, (x, y) in enumerate(batches)])
+    summary: dict[str, Any] = {"no_defence": {
+        name: float(np.mean(values)) for name, values in undefended_per_example.items()}}
+    evaluators = {check: evaluation.evaluator(config, check_convergence=check)
+                  for check in (False, True)}
     denoising = evaluation.denoising_error(config)
     per_example = {}
-    for name in metrics_lib.progress_iter(list(denoisers), "attacks",
-                                          enabled=config.train.progress):
-      params = denoisers[name]
-      per_example[name] = evaluation.concatenate_batches([
-          evaluate_batch(classifier_params, params, x, y, evaluation.batch_key(config.seed, i))
-          for i, (x, y) in enumerate(batches)])
+    num_seeds = config.eval.num_seeds
+    runs = [(name, seed) for name in denoisers for seed in range(num_seeds)]
+    per_seed: dict[str, list[dict[str, np.ndarray]]] = {name: [] for name in denoisers}
+    for name, seed in metrics_lib.progress_iter(runs, "attacks", enabled=config.train.progress):
+      check = seed == 0 and name in CONVERGENCE_MODELS and config.attack.convergence_steps > 0
+      per_seed[name].append(evaluation.concatenate_batches([
+          evaluators[check](classifier_params, denoisers[name], x, y,
+                            evaluation.batch_key(config.seed, i, seed))
+          for i, (x, y) in enumerate(batches)]))
+    for name, seeds in per_seed.items():
+      per_example[name] = {protocol: np.mean([s[protocol] for s in seeds], axis=0)
+                           for protocol in evaluation.PROTOCOLS}
       summary[name] = {protocol: float(np.mean(values))
                        for protocol, values in per_example[name].items()}
+      if evaluation.DWBOX_LONG in seeds[0]:
+        per_example[name][evaluation.DWBOX_LONG] = seeds[0][evaluation.DWBOX_LONG]
+        summary[name][evaluation.DWBOX_LONG] = float(np.mean(seeds[0][evaluation.DWBOX_LONG]))
+      seed_means = {protocol: [float(np.mean(s[protocol])) for s in seeds]
+                    for protocol in evaluation.PROTOCOLS}
+      summary[name]["seed_std"] = {protocol: float(np.std(values, ddof=1)) if num_seeds > 1
+                                   else 0.0 for protocol, values in seed_means.items()}
+      summary[name][results.PER_SEED_KEY] = seed_means
       summary[name]["denoise_mse"] = float(np.mean([
-          denoising(params, x, evaluation.batch_key(config.seed + 1, i))
+          denoising(denoisers[name], x, evaluation.batch_key(config.seed + 1, i))
           for i, (x, _) in enumerate(batches)]))
     summary["paired_gain"] = {
         f"{ours}_vs_{baseline}": {protocol: paired_gain(
@@ -151,8 +178,32 @@ def evaluate(config: ml_collections.ConfigDict, classifier_params: Any,
                                   for protocol in evaluation.PROTOCOLS}
         for ours, baseline in PAIRED_COMPARISONS
         if ours in per_example and baseline in per_example}
+    pre = per_example.get("pretrained")
+    if pre is not None:
+      summary["stochasticity"] = stochasticity_test(
+          pre["robust_acc_eot"], pre["robust_acc_dwbox"], undefended_per_example["robust_acc_pgd"])
+      if evaluation.DWBOX_LONG in pre:
+        comparison = results.paired_comparison(pre[evaluation.DWBOX_LONG],
+                                               pre["robust_acc_dwbox"], lower_is_better=False)
+        summary["dwbox_convergence"] = {
+            **{field: comparison[field] for field in PAIRED_FIELDS[:3]},
+            "steps": config.attack.steps, "long_steps": config.attack.convergence_steps}
     summary["num_images"] = config.eval.num_images
+    summary["num_seeds"] = num_seeds
     return summary
+
+
+def stochasticity_test(eot: np.ndarray, dwbox: np.ndarray, undefended: np.ndarray
+                       ) -> dict[str, Any]:
+  """The paper's "stochasticity is the main driver" as a paired test over images: the DW-box gain
+  over the undefended classifier is at most FAR_BELOW of the EOT gain, i.e. per image
+  (eot - u) - (dwbox - u) / FAR_BELOW >= 0, decided by `results.paired_comparison` (> 2 standard
+  errors)."""
+  ours = eot - undefended
+  baseline = (dwbox - undefended) / FAR_BELOW
+  comparison = results.paired_comparison(ours, baseline, lower_is_better=False)
+  return {"eot_gain": float(np.mean(ours)), "dwbox_gain": float(np.mean(dwbox - undefended)),
+          **{field: comparison[field] for field in PAIRED_FIELDS}}
 
 
 def paired_gain(ours: np.ndarray, baseline: np.ndarray) -> dict[str, Any]:
@@ -163,28 +214,35 @@ def paired_gain(ours: np.ndarray, baseline: np.ndarray) -> dict[str, Any]:
 def claims(summary: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
   out = []
   pre = summary.get("pretrained")
-  if pre:
-    out.append(results.claim(
-        "dwbox_far_below_stochastic",
-        "Robust accuracy of diffusion purification measured under the Deterministic White-Box "
-        "(all noises fixed) is far below the stochastic white-box (EOT) figure",
-        ours={"dwbox": pre["robust_acc_dwbox"]}, baselines={"eot": pre["robust_acc_eot"]},
-        holds=pre["robust_acc_dwbox"] <= FAR_BELOW * pre["robust_acc_eot"],
-        paper="robustness collapses under DW-box (stochasticity is the main driver)",
-        comparison=f"pretrained: DW-box robust acc <= {FAR_BELOW:g} x EOT robust acc"))
+  test = summary.get("stochasticity")
+  if pre and test:
     undefended = summary["no_defence"]["robust_acc_pgd"]
-    gain_dwbox = pre["robust_acc_dwbox"] - undefended
-    gain_eot = pre["robust_acc_eot"] - undefended
     out.append(results.claim(
         "stochasticity_is_the_main_driver",
         "Most of the robustness purification adds over the undefended classifier comes from "
         "its stochasticity: with every noise fixed (DW-box) the gain largely disappears",
-        ours={"dwbox gain": gain_dwbox}, baselines={"eot gain": gain_eot,
-                                                    "undefended robust acc": undefended},
-        holds=gain_eot > 0 and gain_dwbox <= FAR_BELOW * gain_eot,
+        ours={"dwbox gain": test["dwbox_gain"]},
+        baselines={"eot gain": test["eot_gain"], "undefended robust acc": undefended},
+        holds=test["eot_gain"] > 0 and bool(test["better"]),
+        paired={"eot gain - dwbox gain / " + f"{FAR_BELOW:g}": test},
         paper="robustness collapses under DW-box (stochasticity is the main driver)",
-        comparison=f"pretrained: (DW-box - undefended) <= {FAR_BELOW:g} x (EOT - undefended), "
+        comparison=f"pretrained: (DW-box - undefended) <= {FAR_BELOW:g} x (EOT - undefended) by "
+                   f"more than {results.SIGNIFICANCE:g} paired standard errors over the images, "
                    "robust accuracies under the same PGD budget"))
+  convergence = summary.get("dwbox_convergence")
+  if pre and convergence:
+    steps, long_steps = convergence["steps"], convergence["long_steps"]
+    out.append(results.claim(
+        "dwbox_attack_converged",
+        f"The DW-box attack has converged: PGD-{steps} and PGD-{long_steps} give the same "
+        "robust accuracy within one point",
+        ours={f"pgd{long_steps}": pre[evaluation.DWBOX_LONG],
+              "difference": convergence["difference"], "stderr": convergence["stderr"]},
+        baselines={f"pgd{steps}": pre["robust_acc_dwbox"]},
+        holds=abs(convergence["difference"]) <= CONVERGED_WITHIN,
+        paper="the DW-box evaluation is an attack run to convergence",
+        comparison=f"pretrained: |DW-box robust acc at PGD-{long_steps} - at PGD-{steps}| <= "
+                   f"{CONVERGED_WITHIN:g}"))
   ours, plain = summary.get("addt"), summary.get("plain")
   if ours and plain and pre:
     paired = summary["paired_gain"]["addt_vs_plain"]

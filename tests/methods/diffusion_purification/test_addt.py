@@ -200,5 +200,29 @@ def test_the_addt_claim_needs_paired_gains_beyond_two_standard_errors():
   assert claim(summary(20))["addt_raises_robustness"]["holds"]        # +0.05, se ~0.011
   assert not claim(summary(1))["addt_raises_robustness"]["holds"]     # +0.0025, se 0.0025
   assert claim(summary(20))["addt_raises_robustness"]["paired"]["eot"]["n"] == 400
-  # pretrained: DW-box gain 0.2 vs EOT gain 0.3 over the undefended 0.3: not the main driver.
-  assert not claim(summary(20))["stochasticity_is_the_main_driver"]["holds"]
+  assert "stochasticity_is_the_main_driver" not in claim(summary(20))   # no per-image test
+
+
+def test_the_stochasticity_claim_is_a_paired_test_of_the_gains():
+  n = 400
+  undefended = (np.arange(n) < 120).astype(np.float32)               # 0.3
+  eot = (np.arange(n) < 240).astype(np.float32)                      # gain 0.3
+
+  def claim_for(dwbox_correct, convergence_difference=0.0):
+    dwbox = (np.arange(n) < dwbox_correct).astype(np.float32)
+    protocol = {"clean_acc": 0.9, "robust_acc_eot": 0.6, "robust_acc_dwbox": 0.5,
+                evaluation.DWBOX_LONG: 0.5 + convergence_difference}
+    summary = {"no_defence": {"robust_acc_pgd": 0.3}, "pretrained": protocol,
+               "stochasticity": reproduction.stochasticity_test(eot, dwbox, undefended),
+               "dwbox_convergence": {"difference": convergence_difference, "stderr": 0.01,
+                                     "n": n, "steps": 20, "long_steps": 100}}
+    return {c["name"]: c for c in reproduction.claims(summary)[0]}
+  # DW-box gain 0.2 of an EOT gain 0.3: most of the gain stays, not the main driver.
+  assert not claim_for(200)["stochasticity_is_the_main_driver"]["holds"]
+  # Gain 0.15 = exactly half: not beyond two standard errors.
+  assert not claim_for(180)["stochasticity_is_the_main_driver"]["holds"]
+  # Gain 0.025: the gain disappears.
+  held = claim_for(130)
+  assert held["stochasticity_is_the_main_driver"]["holds"]
+  assert held["dwbox_attack_converged"]["holds"]
+  assert not claim_for(130, convergence_difference=-0.02)["dwbox_attack_converged"]["holds"]

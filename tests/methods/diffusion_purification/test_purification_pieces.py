@@ -3,6 +3,7 @@ through the sampler, PGD."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from scipy import stats
 
 from jaxlab.diffusion import schedules
@@ -88,3 +89,28 @@ def test_pgd_raises_the_loss_inside_the_ball_and_dw_box_keys_are_fixed():
   assert fixed.shape == (10, 1)
   assert all(np.array_equal(jax.random.key_data(fixed[i, 0]),
                             jax.random.key_data(fixed[0, 0])) for i in range(10))
+
+
+def test_pgd_iterates_are_the_shorter_attacks():
+  weights = jnp.asarray(np.random.default_rng(1).normal(size=(16, 3)), jnp.float32)
+  labels = jnp.array([0, 1, 2, 0])
+  x = jax.random.uniform(jax.random.key(3), (4, 4, 4, 1)) * 2 - 1
+
+  def loss(x_in, key):
+    logits = (x_in + 0.05 * jax.random.normal(key, x_in.shape)).reshape(4, -1) @ weights
+    return -jnp.sum(jax.nn.log_softmax(logits)[jnp.arange(4), labels])
+
+  keys = attacks.stochastic_keys(jax.random.key(4), 10, 2)
+  iterates = attacks.pgd_linf_iterates(loss, x, keys, epsilon=0.2, step_size=0.03,
+                                       record_at=(3, 10))
+  assert iterates.shape == (2,) + x.shape
+  for row, steps in enumerate((3, 10)):
+    shorter = attacks.pgd_linf(loss, x, keys[:steps], epsilon=0.2, step_size=0.03)
+    np.testing.assert_allclose(iterates[row], shorter, rtol=0, atol=1e-6)
+  assert not np.allclose(iterates[0], iterates[1])
+  step = jax.jit(lambda x_adv, x_clean, k: attacks.pgd_step(loss, x_adv, x_clean, k, epsilon=0.2,
+                                                            step_size=0.03))
+  host = attacks.pgd_linf_host_loop(step, x, keys, record_at=(10, 3))
+  np.testing.assert_allclose(host, iterates[::-1], rtol=0, atol=1e-6)
+  with pytest.raises(ValueError, match="record_at"):
+    attacks.pgd_linf_iterates(loss, x, keys, epsilon=0.2, step_size=0.03, record_at=(11,))
