@@ -111,7 +111,7 @@ def main() -> None:
   def pgd_step(cp, dp, x_in, y_in, keys):
     def loss(x_adv, k):
       return jnp.sum(models.cross_entropy(logits(cp, dp, x_adv, k), y_in))
-    return attacks.pgd_linf(loss, x_in, keys, epsilon=a.epsilon, step_size=a.step_size)
+    return attacks.pgd_step(loss, x_in, x_in, keys[0], epsilon=a.epsilon, step_size=a.step_size)
 
   step = jax.jit(pgd_step)
   protocols = [(f"stochastic white-box (EOT {eot})", attacks.stochastic_keys(attack_key, 1, eot)),
@@ -133,12 +133,13 @@ def main() -> None:
   purify_keys = jax.random.split(attack_key, purification.num_keys(t_star))
   cotangent = jax.random.normal(jax.random.fold_in(noise_key, 2), x.shape)
 
-  def purify(dp, x_in, keys, remat):
+  def purify(dp, x_in, keys, remat, unroll=d.unroll):
     return purification.purify(lambda x_t, s: denoise(dp, x_t, s), schedule, x_in, t_star, keys,
-                               remat=remat)
+                               remat=remat, variance=d.variance, unroll=unroll,
+                               parameterization=m.parameterization)
 
-  def purify_grad(remat):
-    return jax.jit(jax.grad(lambda x_in, dp, keys: jnp.vdot(purify(dp, x_in, keys, remat),
+  def purify_grad(remat, unroll=d.unroll):
+    return jax.jit(jax.grad(lambda x_in, dp, keys: jnp.vdot(purify(dp, x_in, keys, remat, unroll),
                                                             cotangent)))
 
   classifier_grad = jax.jit(jax.grad(
@@ -147,10 +148,14 @@ def main() -> None:
            (f"purifier forward ({t_star + 1} reverse steps)",
             jax.jit(lambda dp, x_in, keys: purify(dp, x_in, keys, True)),
             (denoiser_params, x, purify_keys)),
-           ("purifier forward + gradient w.r.t. x, one EOT draw (remat, as evaluated)",
+           (f"purifier forward + gradient w.r.t. x, one EOT draw (remat, unroll={d.unroll}, "
+            "as evaluated)",
             purify_grad(True), (x, denoiser_params, purify_keys)),
            ("purifier forward + gradient w.r.t. x, one EOT draw (no remat)",
             purify_grad(False), (x, denoiser_params, purify_keys)),
+           (f"purifier forward + gradient w.r.t. x, one EOT draw (remat, reverse scan "
+            f"{'rolled' if d.unroll != 1 else 'unrolled'})",
+            purify_grad(True, 1 if d.unroll != 1 else True), (x, denoiser_params, purify_keys)),
            ("classifier forward + gradient w.r.t. x", classifier_grad,
             (x, classifier_params, y))]
   lines.append(f"\nWhere one stochastic white-box PGD step (EOT {eot}, "

@@ -39,9 +39,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       base_channels=32, channel_multipliers=(1, 2), groups=8))   # unet
   # variance: the reverse steps' noise, "fixed_large" (beta_t, the official sampler's) or
   # "fixed_small" (the posterior's beta_tilde_t, less stochastic). unroll: the reverse scan's
-  # unrolling (True for a UNet on CPU: see jaxlab/diffusion/sampling.py).
+  # unrolling (True for a UNet on CPU: see jaxlab/diffusion/sampling.py); remat: recompute each
+  # reverse step's activations in the attack's backward pass instead of storing them.
   c.diffusion = ml_collections.ConfigDict(dict(schedule="cosine", num_steps=100, t_star=10,
-                                               variance="fixed_large", unroll=1))
+                                               variance="fixed_large", unroll=1, remat=True))
   c.data = ml_collections.ConfigDict(dict(size=32, num_test=360, seed=0,
                                           data_dir=placeholder(str)))
   c.optim = ml_collections.ConfigDict(dict(
@@ -77,7 +78,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.models = "pretrained,plain,addt"
     c.data.size = 16
     c.model.update(dict(base_channels=8, channel_multipliers=(1, 2), groups=4))
-    c.diffusion.update(dict(num_steps=25, t_star=10, unroll=True))
+    # Unrolled, the 11 steps' activations fit easily and storing them is 1.4x faster.
+    c.diffusion.update(dict(num_steps=25, t_star=10, unroll=True, remat=False))
     c.attack.update(dict(epsilon=0.15, step_size=0.0375, eot=4))
     c.addt.lambda_scale = 0.07
     c.train.update(dict(steps=300, classifier_steps=2000, pretrain_steps=1500, log_every=100,
@@ -93,7 +95,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.addt.lambda_scale = 0.07
     c.train.update(dict(steps=1500, classifier_steps=2000, pretrain_steps=8000, log_every=100,
                         ckpt_every=1000))
-    c.diffusion.update(dict(num_steps=100, t_star=40, unroll=1))
+    c.diffusion.update(dict(num_steps=100, t_star=40, unroll=1, remat=True))
     c.attack.update(dict(epsilon=0.15, step_size=0.0375, eot=10))
     c.eval.update(dict(num_images=240, batch_size=120, num_seeds=1))
   elif arg.ablation:

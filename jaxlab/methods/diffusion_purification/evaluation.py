@@ -45,7 +45,7 @@ def defended_logits(config: ml_collections.ConfigDict):
   def logits(classifier_params, denoiser_params, x, key):
     keys = jax.random.split(key, purification.num_keys(t_star))
     purified = purification.purify(lambda x_t, t: denoise(denoiser_params, x_t, t), schedule, x,
-                                   t_star, keys, remat=True,
+                                   t_star, keys, remat=config.diffusion.remat,
                                    parameterization=config.model.parameterization,
                                    variance=config.diffusion.variance,
                                    unroll=config.diffusion.unroll)
