@@ -2,14 +2,17 @@
 (Liu et al., ICLR 2025).
 
 COMMAND: python -m experiments.diffusion_purification --config=configs/diffusion_purification.py:quick
-EXPECTED (quick, 2 CPU cores, ~16 min): an MLP classifier and a DDPM (T = 100, cosine) trained on
-scikit-learn digits upsampled to 32x32; the DDPM fine-tuned three ways with the same budget (plain
-noise, ADDT without RBGM, ADDT); each purifier (t* = 0.4 T) attacked with PGD-20 L-inf under the stochastic
-white-box (EOT 10) and the Deterministic White-Box. results/diffusion_purification.json says
-whether DW-box robustness is far below EOT robustness and whether ADDT raises both. Discussed in
-jaxlab/methods/diffusion_purification/README.md.
+EXPECTED (quick, 2 CPU cores, ~22 min): an MLP classifier and a DDPM (a small eps-predicting UNet,
+T = 25, cosine) trained on scikit-learn digits upsampled to 16x16; the DDPM fine-tuned two ways
+with the same budget (plain noise, ADDT); each purifier (t* = 0.4 T) attacked with PGD-20 L-inf
+under the stochastic white-box (EOT 4) and the Deterministic White-Box (the pretrained one also
+with PGD-100), in 3 purification seeds. results/diffusion_purification.json says whether most of
+the purification's robustness gain disappears under DW-box, whether the DW-box attack has
+converged and whether ADDT raises both; `long` (results/diffusion_purification_long.json)
+decides them on 180 digits. Discussed in jaxlab/methods/diffusion_purification/README.md.
 
-Presets: smoke (tests, seconds), quick (the CPU reproduction), paper (the paper's settings on
+Presets: smoke (tests, seconds), quick (the CPU reproduction), long (the quick setting on 180
+digits with twice the training, where the claims are decided; about an hour), paper (the paper's settings on
 digits: eps-predicting UNet, linear schedule, T = 1000, t* = 0.1 T, eps = 16/255 in [-1, 1]
 units, lambda scale 0.03, longer training: GPU scale).
 """
@@ -23,8 +26,28 @@ placeholder = ml_collections.config_dict.placeholder
 ABLATIONS = ("x0_mlp",)
 
 
+def _unet_on_small_digits(c: ml_collections.ConfigDict) -> None:
+  """The quick and long presets' setting.
+
+  Digits upsampled to 16x16 and a small eps-predicting UNet (the paper's denoiser kind), at the
+  scale this CPU can attack (see the method README's budget): T = 25 and t* = 10 keep the noise
+  level of t* = 0.4 T (sqrt(1 - ab) = 0.59, about 4x epsilon; paper: t* = 0.1 T of the linear
+  schedule, 0.32 vs 16/255, 5x) with 11 reverse steps; unrolled, their activations fit easily
+  and storing them is 1.4x faster than recomputing. The ADDT perturbation scale keeps the paper's
+  ratio to the budget (0.03 / (16/255) = 0.48). EOT 4 instead of 10, 3 purification seeds.
+  """
+  c.models = "pretrained,plain,addt"
+  c.data.size = 16
+  c.model.update(dict(base_channels=8, channel_multipliers=(1, 2), groups=4))
+  c.diffusion.update(dict(num_steps=25, t_star=10, unroll=True, remat=False))
+  c.attack.update(dict(epsilon=0.15, step_size=0.0375, eot=4))
+  c.addt.lambda_scale = 0.07
+  c.train.update(dict(classifier_steps=2000, log_every=100, ckpt_every=500))
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  arg = config_lib.parse_arg(arg, default_preset="quick", steps=0, ablation="")
+  arg = config_lib.parse_arg(arg, default_preset="quick", presets=config_lib.PRESETS + ("long",),
+                             steps=0, ablation="")
   preset = arg.preset
   c = config_lib.base_config(preset=preset, seed=0)
   c.models = "all"
@@ -42,7 +65,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # unrolling (True for a UNet on CPU: see jaxlab/diffusion/sampling.py); remat: recompute each
   # reverse step's activations in the attack's backward pass instead of storing them.
   c.diffusion = ml_collections.ConfigDict(dict(schedule="cosine", num_steps=100, t_star=10,
-                                               variance="fixed_large", unroll=1, remat=True))
+                                               variance="fixed_large", unroll=False, remat=True))
   c.data = ml_collections.ConfigDict(dict(size=32, num_test=360, seed=0,
                                           data_dir=placeholder(str)))
   c.optim = ml_collections.ConfigDict(dict(
@@ -68,23 +91,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   if preset == "paper":
     c.diffusion.update(dict(schedule="linear", num_steps=1000, t_star=100))
-  elif preset == "quick":
-    # Digits upsampled to 16x16 and a small eps-predicting UNet (the paper's denoiser kind), at
-    # the scale this CPU can attack in about a quarter of an hour (see the method README's
-    # budget): T = 25 and t* = 10 keep the noise level of t* = 0.4 T (sqrt(1 - ab) = 0.59, about
-    # 4x epsilon; paper: t* = 0.1 T of the linear schedule, 0.32 vs 16/255, 5x) with 11 reverse
-    # steps. The ADDT perturbation scale keeps the paper's ratio to the budget (0.03 / (16/255)
-    # = 0.48). EOT 4 instead of 10, on 60 digits in 3 purification seeds.
-    c.models = "pretrained,plain,addt"
-    c.data.size = 16
-    c.model.update(dict(base_channels=8, channel_multipliers=(1, 2), groups=4))
-    # Unrolled, the 11 steps' activations fit easily and storing them is 1.4x faster.
-    c.diffusion.update(dict(num_steps=25, t_star=10, unroll=True, remat=False))
-    c.attack.update(dict(epsilon=0.15, step_size=0.0375, eot=4))
-    c.addt.lambda_scale = 0.07
-    c.train.update(dict(steps=300, classifier_steps=2000, pretrain_steps=1500, log_every=100,
-                        ckpt_every=500))
-    c.eval.update(dict(num_images=60, batch_size=60))
+  elif preset in ("quick", "long"):
+    _unet_on_small_digits(c)
+    if preset == "quick":
+      c.train.update(dict(steps=300, pretrain_steps=1500))
+      c.eval.update(dict(num_images=60, batch_size=60))
+    else:
+      # The power the claims need (about an hour on 2 cores): 180 digits instead of 60 for the
+      # per-image paired tests, twice the pretraining and fine-tuning.
+      c.train.update(dict(steps=600, pretrain_steps=3000))
+      c.eval.update(dict(num_images=180, batch_size=60))
   if arg.ablation == "x0_mlp":
     # results/ablations/diffusion_purification_x0_mlp.json (with the quick preset): the earlier
     # quick setting, an x0-predicting residual MLP on 32x32 digits (T = 100, t* = 40), EOT 10,
@@ -95,7 +111,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.addt.lambda_scale = 0.07
     c.train.update(dict(steps=1500, classifier_steps=2000, pretrain_steps=8000, log_every=100,
                         ckpt_every=1000))
-    c.diffusion.update(dict(num_steps=100, t_star=40, unroll=1, remat=True))
+    c.diffusion.update(dict(num_steps=100, t_star=40, unroll=False, remat=True))
     c.attack.update(dict(epsilon=0.15, step_size=0.0375, eot=10))
     c.eval.update(dict(num_images=240, batch_size=120, num_seeds=1))
   elif arg.ablation:
