@@ -63,6 +63,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
   config_lib.require(a.steps >= 1 and a.eot >= 1, "attack.steps",
                      f"attack.steps and attack.eot must be >= 1, got {a.steps}, {a.eot}")
   config_lib.require(e.num_draws >= 1, "eval.num_draws", f"must be >= 1, got {e.num_draws}")
+  config_lib.require(e.num_seeds >= 1, "eval.num_seeds", f"must be >= 1, got {e.num_seeds}")
+  config_lib.require(a.convergence_steps == 0 or a.convergence_steps > a.steps,
+                     "attack.convergence_steps",
+                     f"must be 0 (no check) or more than attack.steps = {a.steps}, "
+                     f"got {a.convergence_steps}")
   config_lib.require(0 < e.num_images <= config.data.num_test, "eval.num_images",
                      f"must be in (0, data.num_test = {config.data.num_test}], "
                      f"got {e.num_images}")

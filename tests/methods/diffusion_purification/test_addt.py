@@ -160,6 +160,8 @@ def test_purifier_keys_fix_every_noise():
     ({"eval": {"num_images": 12}}, "eval.num_images"),
     ({"model": {"denoiser": "transformer"}}, "model.denoiser"),
     ({"addt": {"lambda_max": 1.5}}, "addt.lambda_max"),
+    ({"attack": {"convergence_steps": 2}}, "attack.convergence_steps"),
+    ({"eval": {"num_seeds": 0}}, "eval.num_seeds"),
 ])
 def test_bad_configs_fail_with_the_key_named(overrides, key):
   with pytest.raises(config_lib.ConfigError, match=key.replace(".", r"\.")):
