@@ -2,14 +2,14 @@
 (Liu et al., ICLR 2025).
 
 COMMAND: python -m experiments.diffusion_purification --config=configs/diffusion_purification.py:quick
-EXPECTED (quick, 2 CPU cores, ~22 min): an MLP classifier and a DDPM (a small eps-predicting UNet,
+EXPECTED (quick, 2 CPU cores, ~14 min): an MLP classifier and a DDPM (a small eps-predicting UNet,
 T = 25, cosine) trained on scikit-learn digits upsampled to 16x16; the DDPM fine-tuned two ways
 with the same budget (plain noise, ADDT); each purifier (t* = 0.4 T) attacked with PGD-20 L-inf
-under the stochastic white-box (EOT 4) and the Deterministic White-Box (the pretrained one also
-with PGD-100), in 3 purification seeds. results/diffusion_purification.json says whether most of
-the purification's robustness gain disappears under DW-box, whether the DW-box attack has
-converged and whether ADDT raises both; `long` (results/diffusion_purification_long.json)
-decides them on 180 digits. Discussed in jaxlab/methods/diffusion_purification/README.md.
+under the stochastic white-box (EOT 4) and the Deterministic White-Box, on 30 digits in 3
+purification seeds. results/diffusion_purification.json says whether most of the
+purification's robustness gain disappears under DW-box and whether ADDT raises both; `long`
+(results/diffusion_purification_long.json) decides them on 180 digits and checks that the
+DW-box attack has converged (PGD-20 vs PGD-100). Discussed in jaxlab/methods/diffusion_purification/README.md.
 
 Presets: smoke (tests, seconds), quick (the CPU reproduction), long (the quick setting on 180
 digits with twice the training, where the claims are decided; about an hour), paper (the paper's settings on
