@@ -154,8 +154,8 @@ def main() -> None:
            ("purifier forward + gradient w.r.t. x, one EOT draw (no remat)",
             purify_grad(False), (x, denoiser_params, purify_keys)),
            (f"purifier forward + gradient w.r.t. x, one EOT draw (remat, reverse scan "
-            f"{'rolled' if d.unroll != 1 else 'unrolled'})",
-            purify_grad(True, 1 if d.unroll != 1 else True), (x, denoiser_params, purify_keys)),
+            f"{'rolled' if d.unroll else 'unrolled'}, the other choice)",
+            purify_grad(True, not d.unroll), (x, denoiser_params, purify_keys)),
            ("classifier forward + gradient w.r.t. x", classifier_grad,
             (x, classifier_params, y))]
   lines.append(f"\nWhere one stochastic white-box PGD step (EOT {eot}, "
