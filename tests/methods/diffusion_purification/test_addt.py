@@ -228,3 +228,24 @@ def test_the_stochasticity_claim_is_a_paired_test_of_the_gains():
   assert held["stochasticity_is_the_main_driver"]["holds"]
   assert held["dwbox_attack_converged"]["holds"]
   assert not claim_for(130, convergence_difference=-0.02)["dwbox_attack_converged"]["holds"]
+
+
+def test_evaluate_pairs_models_over_every_purification_seed():
+  config = smoke_config(eval={"num_images": 8})
+  classifier_params = models.classifier(config)[0].init(jax.random.key(0))
+  denoiser = models.denoiser(config)[0].init(jax.random.key(1))
+  # The zero-initialised output layer would make the purifier ignore its input noise.
+  denoiser = jax.tree.map(lambda p: p + 0.05 * jnp.ones_like(p), denoiser)
+  summary = reproduction.evaluate(config, classifier_params,
+                                  {"pretrained": denoiser, "plain": denoiser})
+  seeds = config.eval.num_seeds
+  assert len(summary["pretrained"]["per_seed"]["robust_acc_eot"]) == seeds == 2
+  assert set(summary["pretrained"]["seed_std"]) == set(evaluation.PROTOCOLS)
+  # Only the pretrained purifier runs the DW-box attack on, to the convergence steps.
+  assert evaluation.DWBOX_LONG in summary["pretrained"]
+  assert evaluation.DWBOX_LONG not in summary["plain"]
+  assert summary["dwbox_convergence"]["long_steps"] == config.attack.convergence_steps
+  assert summary["stochasticity"]["n"] == 8 and summary["num_seeds"] == seeds
+  # The same model under the same keys: every paired difference is exactly zero.
+  for protocol in evaluation.PROTOCOLS:
+    assert summary["paired_gain"]["plain_vs_pretrained"][protocol]["difference"] == 0.0
