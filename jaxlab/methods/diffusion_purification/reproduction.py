@@ -167,7 +167,9 @@ def evaluate(config: ml_collections.ConfigDict, classifier_params: Any,
       summary[name] = {protocol: float(np.mean(values))
                        for protocol, values in per_example[name].items()}
       if evaluation.DWBOX_LONG in seeds[0]:
+        # The longer attack ran in the first seed only: it pairs with that seed's PGD-<steps>.
         per_example[name][evaluation.DWBOX_LONG] = seeds[0][evaluation.DWBOX_LONG]
+        per_example[name]["robust_acc_dwbox_first_seed"] = seeds[0]["robust_acc_dwbox"]
         summary[name][evaluation.DWBOX_LONG] = float(np.mean(seeds[0][evaluation.DWBOX_LONG]))
       seed_means = {protocol: [float(np.mean(s[protocol])) for s in seeds]
                     for protocol in evaluation.PROTOCOLS}
@@ -189,7 +191,8 @@ def evaluate(config: ml_collections.ConfigDict, classifier_params: Any,
           pre["robust_acc_eot"], pre["robust_acc_dwbox"], undefended_per_example["robust_acc_pgd"])
       if evaluation.DWBOX_LONG in pre:
         comparison = results.paired_comparison(pre[evaluation.DWBOX_LONG],
-                                               pre["robust_acc_dwbox"], lower_is_better=False)
+                                               pre["robust_acc_dwbox_first_seed"],
+                                               lower_is_better=False)
         summary["dwbox_convergence"] = {
             **{field: comparison[field] for field in PAIRED_FIELDS[:3]},
             "steps": config.attack.steps, "long_steps": config.attack.convergence_steps}
@@ -243,7 +246,8 @@ def claims(summary: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any
         "robust accuracy within one point",
         ours={f"pgd{long_steps}": pre[evaluation.DWBOX_LONG],
               "difference": convergence["difference"], "stderr": convergence["stderr"]},
-        baselines={f"pgd{steps}": pre["robust_acc_dwbox"]},
+        baselines={f"pgd{steps} (same seed)": pre[evaluation.DWBOX_LONG]
+                   - convergence["difference"]},
         holds=abs(convergence["difference"]) <= CONVERGED_WITHIN,
         paper="the DW-box evaluation is an attack run to convergence",
         comparison=f"pretrained: |DW-box robust acc at PGD-{long_steps} - at PGD-{steps}| <= "

@@ -231,7 +231,7 @@ def test_the_stochasticity_claim_is_a_paired_test_of_the_gains():
 
 
 def test_evaluate_pairs_models_over_every_purification_seed():
-  config = smoke_config(eval={"num_images": 8})
+  config = smoke_config(eval={"num_images": 8}, attack={"convergence_steps": 3})
   classifier_params = models.classifier(config)[0].init(jax.random.key(0))
   denoiser = models.denoiser(config)[0].init(jax.random.key(1))
   # The zero-initialised output layer would make the purifier ignore its input noise.
@@ -245,6 +245,12 @@ def test_evaluate_pairs_models_over_every_purification_seed():
   assert evaluation.DWBOX_LONG in summary["pretrained"]
   assert evaluation.DWBOX_LONG not in summary["plain"]
   assert summary["dwbox_convergence"]["long_steps"] == config.attack.convergence_steps
+  # PGD-100 ran in the first seed: it is compared with that seed's PGD-20, not the seed mean.
+  pretrained = summary["pretrained"]
+  np.testing.assert_allclose(
+      summary["dwbox_convergence"]["difference"],
+      pretrained[evaluation.DWBOX_LONG] - pretrained["per_seed"]["robust_acc_dwbox"][0],
+      atol=1e-6)
   assert summary["stochasticity"]["n"] == 8 and summary["num_seeds"] == seeds
   # The same model under the same keys: every paired difference is exactly zero.
   for protocol in evaluation.PROTOCOLS:
