@@ -120,6 +120,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     raise config_lib.ConfigError(f"unknown ablation {arg.ablation!r}; this config has "
                                  f"{', '.join(ABLATIONS)}")
   if preset == "smoke":
+    c.models = "pretrained,plain,addt"   # as quick; addt_no_rbgm's step has its own unit tests
     c.model.update(dict(classifier_hidden=(16,), denoiser="residual_mlp", width=16,
                         num_blocks=1))
     c.data.size = 8
