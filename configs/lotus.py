@@ -5,7 +5,7 @@ EXPECTED (quick, 2 CPU cores, ~20 min): a small UNet pretrained as an eps-diffus
 procedural 32x32 scenes, then fine-tuned for depth and normals as the five variants of the paper's
 analysis (eps/x0, multi/single step, Lotus-D, detail preserver); results/lotus.json says which of
 the claims (x0 beats eps; single step as accurate and much faster; the detail preserver reduces
-edge error) hold here. Discussed in jaxlab/methods/lotus/README.md.
+edge error, paired over 3 training seeds) hold here. Discussed in jaxlab/methods/lotus/README.md.
 
 Presets: smoke (tests, seconds), quick (the CPU reproduction), paper (longer training).
 """
@@ -33,6 +33,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                       ckpt_every=500))
   c.train.prior_steps = ml_collections.config_dict.placeholder(int)
   c.train.prior_steps = 3000
+  # Training seeds of depth Lotus-G with and without the detail preserver (the claim's paired
+  # test); every other (task, variant) trains at `seed` only.
+  c.train.detail_preserver_seeds = 3
   c.data = ml_collections.ConfigDict(dict(
       size=32, num_train=2000, num_test=200, num_heldout=200, seed=0,
       data_dir=ml_collections.config_dict.placeholder(str)))

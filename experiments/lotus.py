@@ -28,7 +28,8 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
   results.save_figure(reproduction.plot(rows), workdir, "predictions.png", SLUG, config)
   return results.write_results(
       workdir, slug=SLUG, config=config, metrics=summary, claims=claims,
-      headline_metric=headline, wall_s=time.perf_counter() - start + earlier_s)
+      headline_metric=headline, wall_s=time.perf_counter() - start + earlier_s,
+      seeds=reproduction.detail_seeds(config) or [config.seed])
 
 
 if __name__ == "__main__":

@@ -1,13 +1,16 @@
 """Lotus on procedural scenes: the pretrained prior, the fine-tuning objectives of every variant,
 and prediction, as `Experiment`s for the shared training loop and pure prediction functions.
 
-Every network is the zoo `UNet` with 6 input channels, [RGB image, target channels], 3 output
-channels, and a 2-way task embedding (annotation / RGB reconstruction). Images and targets live in
-[-1, 1]: depth is normalised per image to [-1, 1] (affine-invariant, as Marigold and Lotus) and
-repeated over 3 channels, normals are unit vectors.
+Every fine-tuned network is the zoo `UNet` with 6 input channels, [RGB image, target channels],
+3 output channels, and a 2-way task embedding (annotation / RGB reconstruction). Images and targets
+live in [-1, 1]: depth is normalised per image to [-1, 1] (affine-invariant, as Marigold and Lotus)
+and repeated over 3 channels, normals are unit vectors.
 
-* **Prior.** An eps-prediction diffusion model of the images (target channels = the noisy image,
-  image channels = 0), trained first and saved; every variant fine-tunes from it.
+* **Prior.** An eps-prediction diffusion model of the images with 3 input channels (the noisy
+  image), trained first and saved. Every variant fine-tunes from it with its input convolution
+  widened to 6 channels as the official code widens Stable Diffusion's `conv_in`: the pretrained
+  kernel is duplicated over [image, target] channels and halved (`unet.widen_input_channels`), so
+  the image channels start from pretrained weights too.
 * **Multi-step variants** train at uniform t with the noisy annotation in the target channels and
   predict eps (A) or x0 (B); they sample with DDIM (eta = 0) from Gaussian noise.
 * **Single-step variants** see t = T - 1 only, with pure noise (C, Lotus-G) or zeros (D, Lotus-D)
@@ -39,10 +42,13 @@ TASKS = ("depth", "normal")
 IMAGE_CHANNELS = 3
 
 
-def make_model(config: ml_collections.ConfigDict) -> functional.Functional:
+def make_model(config: ml_collections.ConfigDict, *, prior: bool = False
+               ) -> functional.Functional:
+  """The fine-tuned network ([image, target] in), or with `prior` the image-only prior."""
   m = config.model
+  in_channels = IMAGE_CHANNELS if prior else 2 * IMAGE_CHANNELS
   return functional.Functional(lambda rngs: unet.UNet(
-      in_channels=2 * IMAGE_CHANNELS, out_channels=IMAGE_CHANNELS,
+      in_channels=in_channels, out_channels=IMAGE_CHANNELS,
       base_channels=m.base_channels, channel_multipliers=tuple(m.channel_multipliers),
       blocks_per_level=m.blocks_per_level, attention_at_lowest=m.attention,
       groups=m.groups, num_embeddings=2, rngs=rngs))
@@ -87,16 +93,23 @@ def _labels(batch_size: int, value: int) -> jax.Array:
   return jnp.full((batch_size,), value, jnp.int32)
 
 
+def widen_prior(prior_params: Any) -> Any:
+  """The fine-tuning initialisation: the prior with its input conv widened to [image, target].
+
+  On inputs [x, x] the widened network computes exactly what the prior computes on x.
+  """
+  return unet.widen_input_channels(prior_params, 2 * IMAGE_CHANNELS)
+
+
 def prior_loss(model, schedule, batch, rng) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """eps-prediction denoising of the images themselves (unconditional: image channels = 0)."""
+  """eps-prediction denoising of the images themselves (unconditional, 3 input channels)."""
   image = batch["image"]
   batch_size = image.shape[0]
   t_key, noise_key = jax.random.split(rng)
   t = jax.random.randint(t_key, (batch_size,), 0, schedule.num_steps)
   eps = jax.random.normal(noise_key, image.shape, image.dtype)
   noisy = schedules.q_sample(schedule, image, t, eps)
-  output = model(_inputs(jnp.zeros_like(image), noisy), t, _labels(batch_size,
-                                                                   variants_lib.ANNOTATION))
+  output = model(noisy, t, _labels(batch_size, variants_lib.ANNOTATION))
   loss = jnp.mean(jnp.square(output - eps))
   return loss, {"mse": loss}
 
@@ -144,8 +157,9 @@ def _data_fns(config: ml_collections.ConfigDict):
 def make_experiment(config: ml_collections.ConfigDict, *, variant: str | None = None,
                     task: str | None = None, init_params: Any = None,
                     steps: int | None = None) -> train_loop.Experiment:
-  """The prior (variant None) or one (variant, task) fine-tuning from `init_params`."""
-  model = make_model(config)
+  """The prior (variant None) or one (variant, task) fine-tuning from `init_params` (the
+  widened prior, `widen_prior`)."""
+  model = make_model(config, prior=variant is None)
   schedule = make_schedule(config)
   total = steps or config.train.steps
   lr = config.optim.prior_lr if variant is None else config.optim.lr

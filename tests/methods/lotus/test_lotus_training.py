@@ -21,7 +21,7 @@ def smoke_config(**overrides):
 
 def test_finetune_step_compiles_once_and_starts_from_the_given_params(tmp_path):
   config = smoke_config(train={"steps": 4, "ckpt_every": 4, "log_every": 1})
-  prior = training.make_model(config).init(jax.random.key(3))
+  prior = training.widen_prior(training.make_model(config, prior=True).init(jax.random.key(3)))
   experiment = training.make_experiment(config, variant="lotus_g_detail", task="depth",
                                         init_params=prior)
   chex.assert_trees_all_equal(experiment.init(jax.random.key(0))["params"], prior)
@@ -66,3 +66,21 @@ def test_depth_normalisation_is_per_image():
   normalised = training.normalise_depth(depth)
   np.testing.assert_allclose(normalised.min(axis=(1, 2)), -1)
   np.testing.assert_allclose(normalised.max(axis=(1, 2)), 1)
+
+
+def test_fine_tuning_starts_from_the_prior_on_its_image_and_target_channels():
+  """The widened prior on [x, x] is the prior on x: the image channels start pretrained, not
+  random (the official conv_in initialisation)."""
+  config = smoke_config()
+  prior_model = training.make_model(config, prior=True)
+  prior = jax.tree.map(lambda p: p + 0.05, prior_model.init(jax.random.key(0)))
+  widened = training.widen_prior(prior)
+  x = jax.random.normal(jax.random.key(1), (2, 16, 16, 3))
+  t = jnp.array([3, 40])
+  labels = jnp.zeros((2,), jnp.int32)
+  expected = prior_model.module(prior)(x, t, labels)
+  got = training.make_model(config).module(widened)(jnp.concatenate([x, x], -1), t, labels)
+  np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+  kernel = widened["input_conv"]["kernel"]
+  np.testing.assert_allclose(kernel[:, :, :3], prior["input_conv"]["kernel"] / 2)
+  np.testing.assert_allclose(kernel[:, :, 3:], prior["input_conv"]["kernel"] / 2)
