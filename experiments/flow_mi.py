@@ -30,13 +30,16 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
     summary["boed"] = boed.run(config.boed, reproduction.boed_options(config), config.seed,
                                progress=config.train.progress)
     claims += reproduction.boed_claims(summary["boed"])
+  # An ablation's results stay in the workdir; the README names the file under
+  # results/ablations/ each is copied to.
+  publish = False if config.ablation else None
   for filename, figure in (("errors_heatmap.png", reproduction.plot_heatmap(summary)),
                            ("large_mi.png", reproduction.plot_large_mi(summary))):
-    results.save_figure(figure, workdir, filename, SLUG, config)
+    results.save_figure(figure, workdir, filename, SLUG, config, publish=publish)
   return results.write_results(
       workdir, slug=SLUG, config=config, metrics=summary, claims=claims,
       headline_metric=headline, wall_s=time.perf_counter() - start + earlier_s,
-      seeds=[config.seed + s for s in range(config.data.num_seeds)])
+      seeds=[config.seed + s for s in range(config.data.num_seeds)], publish=publish)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,8 @@ CLOSE_RELATIVE_ERROR = 0.1
 def options_from_config(config: ml_collections.ConfigDict) -> estimators.Options:
   return estimators.Options(
       **config.model.to_dict(), **config.optim.to_dict(), steps=config.train.steps,
-      batch_size=config.train.batch_size, eval_every=config.train.eval_every,
+      nv_steps=config.train.nv_steps, batch_size=config.train.batch_size,
+      eval_every=config.train.eval_every,
       ckpt_every=config.train.ckpt_every, ksg_neighbors=config.eval.ksg_neighbors,
       train_fraction=config.data.train_fraction)
 
@@ -101,7 +102,7 @@ def estimate_group(config: ml_collections.ConfigDict, shape: tuple[int, int], me
   keys = jax.random.split(jax.random.key(config.seed), num_datasets)
   trainable = estimators.trainable(method, shape[0], shape[1], options)
   group = f"{shape[0]}x{shape[1]}"
-  result = fitting.fit(trainable, data, keys, options.schedule(),
+  result = fitting.fit(trainable, data, keys, options.schedule(method),
                        workdir=os.path.join(workdir, group, method), desc=f"{group}/{method}",
                        progress=config.train.progress)
   return result.best_mi, result.earlier_s
@@ -254,7 +255,8 @@ def plot_large_mi(metrics: dict[str, Any]):
 def boed_options(config: ml_collections.ConfigDict) -> estimators.Options:
   base = options_from_config(config)
   num_train = int(round(config.boed.num_samples * config.data.train_fraction))
-  return dataclasses.replace(base, steps=config.boed.steps, eval_every=config.boed.eval_every,
+  return dataclasses.replace(base, steps=config.boed.steps, nv_steps=None,
+                             eval_every=config.boed.eval_every,
                              ckpt_every=config.boed.steps,
                              batch_size=min(config.train.batch_size, num_train))
 

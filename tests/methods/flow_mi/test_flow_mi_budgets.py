@@ -1,0 +1,43 @@
+"""flow_mi: the NV family's own step budget and the NV ablations' configs."""
+import pathlib
+
+import pytest
+
+from jaxlab.core import config as config_lib
+from jaxlab.methods.flow_mi import estimators
+from jaxlab.methods.flow_mi import reproduction
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+
+
+def load(arg):
+  return config_lib.load_config(ROOT / "configs" / "flow_mi.py", arg)
+
+
+def test_nv_steps_budget_only_the_nv_estimators():
+  options = estimators.Options(steps=600, nv_steps=3000)
+  assert options.schedule("nvf").steps == options.schedule("nvg").steps == 3000
+  assert options.schedule("jvf").steps == options.schedule("infonce").steps == 600
+  assert estimators.Options(steps=600).schedule("nvf").steps == 600
+
+
+def test_nv_steps_do_not_change_the_compiled_estimator():
+  """The budget is a loop setting: both budgets share one Trainable (one compile)."""
+  short = estimators.trainable("nvf", 2, 2, estimators.Options(steps=600))
+  long = estimators.trainable("nvf", 2, 2, estimators.Options(steps=600, nv_steps=3000))
+  assert short is long
+
+
+def test_the_wide_heads_ablation_changes_only_the_heads():
+  official, wide = load("quick,ablation=nv_large_mi"), load("quick,ablation=nv_large_mi_wide_heads")
+  assert tuple(official.model.head_hidden) == (16, 8)
+  assert tuple(wide.model.head_hidden) == (64, 64)
+  for config in (official, wide):
+    assert config.train.nv_steps == 3000 and not config.boed.enabled
+    assert reproduction.selected_estimators(config) == ["nvf", "nvg"]
+  assert load("quick").train.nv_steps is None
+
+
+def test_an_unknown_ablation_is_refused():
+  with pytest.raises(config_lib.ConfigError, match="unknown ablation"):
+    load("quick,ablation=wide")
