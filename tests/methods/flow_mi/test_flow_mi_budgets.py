@@ -34,7 +34,7 @@ def test_the_wide_heads_ablation_changes_only_the_heads():
   assert tuple(wide.model.head_hidden) == (64, 64)
   for config in (official, wide):
     assert config.train.nv_steps == 3000 and not config.boed.enabled
-    assert reproduction.selected_estimators(config) == ["nvf", "nvg"]
+    assert reproduction.selected_estimators(config) == ["nvf"]
   assert load("quick").train.nv_steps is None
 
 
