@@ -1,11 +1,12 @@
 """lotus: diffusion-based dense prediction, single-step x0 prediction (ICLR 2025).
 
 COMMAND: python -m experiments.lotus --config=configs/lotus.py:quick
-EXPECTED (quick, 2 CPU cores, ~30 min: over its 20-minute target, see the README): a small UNet pretrained as an eps-diffusion prior on
-procedural 32x32 scenes, then fine-tuned for depth and normals as the five variants of the paper's
-analysis (eps/x0, multi/single step, Lotus-D, detail preserver); results/lotus.json says which of
-the claims (x0 beats eps; single step as accurate and much faster; the detail preserver reduces
-edge error, paired over 3 training seeds) hold here. Discussed in jaxlab/methods/lotus/README.md.
+EXPECTED (quick, 2 CPU cores, ~30 min, over its 20-minute target: see the README): a small UNet
+pretrained as an eps-diffusion prior on procedural 32x32 scenes, then fine-tuned for depth and
+normals as the five variants of the paper's analysis (eps/x0, multi/single step, Lotus-D, detail
+preserver); results/lotus.json says which of the claims (x0 beats eps; single step as accurate
+and much faster; the detail preserver reduces edge error, paired over 3 training seeds) hold
+here. Discussed in jaxlab/methods/lotus/README.md.
 
 Presets: smoke (tests, seconds), quick (the CPU reproduction), paper (longer training).
 """
