@@ -14,6 +14,9 @@ README names the file under results/ablations/ each is copied to), on the four l
 Gaussians with NVF only, 3,000 NV steps (the official large-MI budget), no design study:
   nv_large_mi             the official heads (16, 8)
   nv_large_mi_wide_heads  heads (64, 64): what the 8-unit bottleneck costs
+and, without any training (seconds):
+  student_t_tails         the Student-t tasks' dependence in the tails (rank vs Pearson
+                          correlation, extreme points, the Gaussian MI of each half)
 """
 from __future__ import annotations
 
@@ -21,7 +24,8 @@ import ml_collections
 
 from jaxlab.core import config as config_lib
 
-ABLATIONS = ("nv_large_mi", "nv_large_mi_wide_heads")
+NV_ABLATIONS = ("nv_large_mi", "nv_large_mi_wide_heads")
+ABLATIONS = NV_ABLATIONS + ("student_t_tails",)
 LARGE_MI_GAUSSIANS = ("gaussian-5x5-rho0.95", "gaussian-5x5-rho0.99", "gaussian-10x10-rho0.95",
                       "gaussian-10x10-rho0.99")
 
@@ -66,13 +70,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                         progress=False))
     c.boed.update(dict(num_runs=2, num_experiments=2, grid_size=2, num_particles=256,
                        num_samples=128, oracle_samples=32, steps=4, eval_every=2))
-  if arg.ablation in ABLATIONS:
+  if arg.ablation in NV_ABLATIONS:
     c.data.update(dict(tasks=",".join(LARGE_MI_GAUSSIANS), estimators="nvf"))
     c.train.nv_steps = 3_000
     c.boed.enabled = False
     if arg.ablation == "nv_large_mi_wide_heads":
       c.model.head_hidden = (64, 64)
-  elif arg.ablation:
+  elif arg.ablation and arg.ablation not in ABLATIONS:
     raise config_lib.ConfigError(f"unknown ablation {arg.ablation!r}; this config has "
                                  f"{', '.join(ABLATIONS)}")
   if arg.steps:

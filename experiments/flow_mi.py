@@ -16,6 +16,7 @@ from jaxlab.core import cli
 from jaxlab.core import results
 from jaxlab.methods.flow_mi import boed
 from jaxlab.methods.flow_mi import reproduction
+from jaxlab.methods.flow_mi import tails
 
 SLUG = "flow_mi"
 
@@ -23,6 +24,15 @@ SLUG = "flow_mi"
 def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
   start = time.perf_counter()
   reproduction.validate(config)
+  # An ablation's results stay in the workdir; the README names the file under
+  # results/ablations/ each is copied to.
+  publish = False if config.ablation else None
+  if config.ablation == "student_t_tails":    # a look at the data only: nothing is trained
+    return results.write_results(
+        workdir, slug=SLUG, config=config,
+        metrics={"student_t_tails": tails.student_t_report(config)}, claims=[],
+        headline_metric=None, wall_s=time.perf_counter() - start, publish=publish,
+        seeds=[config.seed + s for s in range(config.data.num_seeds)])
   estimates, earlier_s = reproduction.run_benchmark(config, workdir)
   num_test = config.data.num_samples - round(config.data.num_samples * config.data.train_fraction)
   summary, claims, headline = reproduction.summarize_benchmark(estimates, num_test)
@@ -30,9 +40,7 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
     summary["boed"] = boed.run(config.boed, reproduction.boed_options(config), config.seed,
                                progress=config.train.progress)
     claims += reproduction.boed_claims(summary["boed"])
-  # An ablation's results stay in the workdir; the README names the file under
-  # results/ablations/ each is copied to.
-  publish = False if config.ablation else None
+  summary["student_t_tails"] = tails.student_t_report(config)
   for filename, figure in (("errors_heatmap.png", reproduction.plot_heatmap(summary)),
                            ("large_mi.png", reproduction.plot_large_mi(summary))):
     results.save_figure(figure, workdir, filename, SLUG, config, publish=publish)

@@ -41,3 +41,9 @@ def test_the_wide_heads_ablation_changes_only_the_heads():
 def test_an_unknown_ablation_is_refused():
   with pytest.raises(config_lib.ConfigError, match="unknown ablation"):
     load("quick,ablation=wide")
+
+
+def test_the_tails_ablation_keeps_the_benchmark_data():
+  """It reads the quick preset's own samples: same tasks, seeds and sample sizes."""
+  tails_config, quick = load("quick,ablation=student_t_tails"), load("quick")
+  assert tails_config.data.to_dict() == quick.data.to_dict()
