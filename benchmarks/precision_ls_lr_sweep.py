@@ -2,7 +2,9 @@
 
 Trains one gradient-task arm of the quick preset (3 vmapped seeds) in jitted `lax.scan` chunks of
 250 steps on fresh problems, without the data pipeline or checkpoints, and prints / writes the
-training MSE per seed every chunk. Used to pick the quick preset's LR (README, "Learning rate").
+training MSE per seed every chunk and the final one-step gradient MSE on the test problems. Used to
+pick the quick preset's LRs (README, "Learning rate"); a warm-started arm (`continue_*`) starts
+from the perturbed hand-set BaseConv, as in the preset.
 
   python benchmarks/precision_ls_lr_sweep.py --arm=recipe --lr=3e-3 --steps=10000 \
       --out=results/ablations/precision_ls_lr_sweep_3e-3.json
@@ -36,10 +38,15 @@ def main() -> None:
   args = parser.parse_args()
   host.tune_allocator()
   jax.config.update("jax_enable_x64", True)
-  config = reproduction.variant_config(config_lib.load_config(CONFIG, "quick"), args.arm)
+  quick = config_lib.load_config(CONFIG, "quick")
+  config = reproduction.variant_config(quick, args.arm)
   config = config_lib.with_overrides(config, {"optim": {"lr": args.lr,
                                                         "stats_batches": args.stats_batches}})
-  experiment = training.make_experiment(config)
+  source = reproduction.warm_start_source(quick, args.arm)
+  if source not in ("", reproduction.HANDSET_SOURCE):
+    parser.error(f"--arm={args.arm} starts from another variant ({source}); sweep that one")
+  initial = reproduction.initial_params(config, source, {})
+  experiment = training.make_experiment(config, initial)
   batch_size, seeds = config.train.batch_size, config.train.num_seeds
 
   def chunk(state, start):
@@ -60,10 +67,14 @@ def main() -> None:
                     "loss": [float(metrics[f"loss_seed{r}"]) for r in range(seeds)],
                     "lr": [float(metrics[f"lr_seed{r}"]) for r in range(seeds)]})
     print(records[-1], flush=True)
+  final = reproduction.grad_mse_per_seed(config, state["params"])
+  print({"final_grad_mse": final})
   if args.out:
-    pathlib.Path(args.out).write_text(json.dumps(
-        {"arm": args.arm, "lr": args.lr, "stats_batches": args.stats_batches,
-         "records": records}, indent=1) + "\n")
+    payload = {"arm": args.arm, "lr": args.lr, "stats_batches": args.stats_batches,
+               "records": records, "final_grad_mse": final}
+    if initial is not None:
+      payload["start_grad_mse"] = reproduction.grad_mse_per_seed(config, initial)
+    pathlib.Path(args.out).write_text(json.dumps(payload, indent=1) + "\n")
 
 
 if __name__ == "__main__":

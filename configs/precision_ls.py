@@ -38,10 +38,14 @@ ABLATIONS = {
 }
 GRADIENT_ARMS = tuple(ABLATIONS) + ("softmax",)
 MULTIPLY_ARMS = ("multiply_baseconv", "multiply_softmax")
+CONTINUATIONS = ("continue_recipe", "continue_plain")
+HANDSET_NOISE = 2e-5      # gradient MSE ~1.3e3 noise^2 = 5e-7
+CONTINUE_STEPS = 2000
+CONTINUE_LR = 1e-6        # Adam's per-weight step ~ lr must sit below the 2e-5 perturbation (README)
 QUICK_STEPS = 4000
 QUICK_MULTIPLY_STEPS = 2000
 LONG_STEPS = 10_000
-LONG_MULTIPLY_STEPS = 8000
+LONG_MULTIPLY_STEPS = 16_000
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -68,7 +72,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.train.update(dict(steps=2_500_000, batch_size=1024, log_every=1000, eval_every=50_000,
                       ckpt_every=50_000))
   c.train.num_seeds = 3    # vmapped replicas, replica r = seed r (claims need >= 2)
-  c.train.init_from = ""   # a variant may start from another variant's final parameters
+  # A variant may start from another variant's final parameters, or from the hand-set BaseConv
+  # ("handset") with every weight perturbed by N(0, init_noise^2), per seed.
+  c.train.init_from = ""
+  c.train.init_noise = 0.0
   c.train.microbatch = 0    # > 0: gradients accumulated over microbatches of this size
   c.eval.update(dict(batch_size=256, num_batches=4, num_problems=1024,
                      handset_iterations=300, learned_iterations=200, iterate_step_size=0.5))
@@ -90,8 +97,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       "linear_attention": dict(model=attention("linear_attention"), optim=attention_optim),
       "softmax": dict(model=attention("softmax_attention"), optim=attention_optim),
       # The recipe's claim is about the high-precision regime: both continue the trained recipe
-      # model (below 1e-6 MSE in the long preset) with the same step schedule; one keeps the
-      # recipe's eps 1e-16 and EMA filter, the other uses Adam's eps 1e-8 without the filter.
+      # model (below 1e-6 MSE at the paper's scale; the CPU presets start from the perturbed
+      # hand-set model instead) with the same step schedule; one keeps the recipe's eps 1e-16
+      # and EMA filter, the other uses Adam's eps 1e-8 without the filter.
       "continue_recipe": dict(model=BASECONV, optim=dict(RECIPE, schedule="step"),
                               train=dict(init_from="recipe")),
       "continue_plain": dict(model=BASECONV,
@@ -122,24 +130,28 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       c.variants[name].precision = "float32"
       c.variants[name].train.update(dict(batch_size=32))
     c.eval.update(dict(num_batches=4))
+    # No CPU run reaches 1e-6 MSE, so the warm-start pair starts from the hand-set BaseConv,
+    # perturbed to ~5e-7 MSE (README), with an LR for that regime.
+    for name in CONTINUATIONS:
+      c.variants[name].train.update(dict(init_from="handset", init_noise=HANDSET_NOISE,
+                                         steps=CONTINUE_STEPS))
+      c.variants[name].optim.lr = CONTINUE_LR
   if preset == "quick":
     # The central comparison only (BaseConv + recipe vs softmax, and the primitive): the full
     # ablation at the steps where BaseConv leaves its plateau does not fit 20 minutes.
     c.train.update(dict(steps=QUICK_STEPS, eval_every=QUICK_STEPS))
     for name in MULTIPLY_ARMS:
       c.variants[name].train.steps = QUICK_MULTIPLY_STEPS
-    c.run_variants = ",".join(("recipe", "softmax") + MULTIPLY_ARMS)
+    c.run_variants = ",".join(("recipe", "softmax") + MULTIPLY_ARMS + CONTINUATIONS)
   elif preset == "long":
     c.train.update(dict(steps=LONG_STEPS, eval_every=LONG_STEPS, ckpt_every=2000))
     for name in MULTIPLY_ARMS:
       c.variants[name].train.steps = LONG_MULTIPLY_STEPS
-    # The warm-start pair needs a recipe model below 1e-6 MSE, which 10k CPU steps do not give
-    # (README); it runs in the paper preset.
     # recipe, softmax and the primitive last: their first steps are a quick run's (same seeds,
     # data and schedules, which do not depend on the number of steps), so a long run may start
     # from copies of a quick run's workdirs.
     c.run_variants = ",".join(("no_ema", "no_adaptive", "neither", "adam_default", "recipe",
-                               "softmax") + MULTIPLY_ARMS)
+                               "softmax") + MULTIPLY_ARMS + CONTINUATIONS)
   elif preset == "smoke":
     c.data.update(dict(d=2, n=4, length=6, width=4, num_train=256, num_test=64))
     c.model.update(dict(width=16, depth=2))
@@ -149,7 +161,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                         warmup=1))
     c.eval.update(dict(batch_size=16, num_batches=1, num_problems=32,
                        handset_iterations=5, learned_iterations=5))
-    c.run_variants = "continue_recipe,multiply_softmax"   # runs recipe first
+    for name in CONTINUATIONS:
+      c.variants[name].train.update(dict(init_from="handset", init_noise=HANDSET_NOISE))
+    c.run_variants = "continue_recipe,multiply_softmax"
   if arg.steps:
     c.train.steps = arg.steps
   return config_lib.finalize(c)

@@ -25,7 +25,7 @@ SLUG = "precision_ls"
 
 def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
   start = time.perf_counter()
-  per_variant, loss_curves, final_params, plateau_steps = {}, {}, {}, {}
+  per_variant, loss_curves, final_params, plateau_steps, start_mse = {}, {}, {}, {}, {}
   plateau = reproduction.plateau_mse(config)
   earlier_s = 0.0   # training time of earlier invocations that this one resumed
   for name in metrics.progress_iter(reproduction.selected_variants(config), "variants",
@@ -33,7 +33,10 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
     variant = reproduction.variant_config(config, name)
     variant_dir = os.path.join(workdir, name)
     source = reproduction.warm_start_source(config, name)
-    experiment = training.make_experiment(variant, final_params.get(source))
+    initial = reproduction.initial_params(variant, source, final_params)
+    if source == reproduction.HANDSET_SOURCE:
+      start_mse[name] = reproduction.grad_mse_per_seed(variant, initial)
+    experiment = training.make_experiment(variant, initial)
     run = train_loop.run(experiment, variant, variant_dir, desc=name)
     final_params[name] = run.state["params"]
     earlier_s += run.earlier_s
@@ -46,7 +49,8 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
                              for steps, values in seeds]
 
   reference = reproduction.handset_and_gd(config)
-  summary, claims, headline = reproduction.summarize(per_variant, reference, plateau_steps)
+  summary, claims, headline = reproduction.summarize(per_variant, reference, plateau_steps,
+                                                     start_mse)
   gradient_curves = {k: v for k, v in loss_curves.items() if k in plateau_steps}
   other_curves = {k: v for k, v in loss_curves.items() if k not in plateau_steps}
   figures = [("iterated_mse.png", reproduction.plot_iterates(per_variant, reference)),

@@ -290,3 +290,45 @@ def test_steps_to_leave_plateau():
   steps = np.array([100, 200, 300])
   assert reproduction.steps_to_leave_plateau(steps, np.array([0.3, 0.05, 0.01]), 0.3) == 300
   assert reproduction.steps_to_leave_plateau(steps, np.array([0.3, 0.2, 0.1]), 0.3) is None
+
+
+def test_a_warm_started_variant_runs_after_its_source():
+  from jaxlab.methods.precision_ls import reproduction  # pylint: disable=g-import-not-at-top
+  c = config_lib.load_config(CONFIG, "paper")
+  c.run_variants = "continue_plain,softmax"
+  assert reproduction.selected_variants(c) == ["recipe", "continue_plain", "softmax"]
+  c.variants.continue_plain.train.init_from = "nonexistent"
+  with pytest.raises(config_lib.ConfigError, match="continue_plain.train.init_from"):
+    reproduction.selected_variants(c)
+
+
+def test_the_cpu_warm_start_is_the_handset_model_perturbed_per_seed(x64):
+  from jaxlab.methods.precision_ls import reproduction  # pylint: disable=g-import-not-at-top
+  c = config_lib.load_config(CONFIG, "smoke")
+  assert quick_config().variants.continue_recipe.train.init_from == reproduction.HANDSET_SOURCE
+  variant = reproduction.variant_config(c, "continue_recipe")
+  assert reproduction.selected_variants(c)[0] == "continue_recipe"   # needs no other variant
+  exact = reproduction.initial_params(
+      config_lib.with_overrides(variant, dict(train=dict(init_noise=0.0))), "handset", {})
+  assert reproduction.evaluate_variant(variant, exact)["grad_mse"] == pytest.approx(
+      [0.0, 0.0], abs=1e-25)
+  noisy = reproduction.initial_params(variant, "handset", {})
+  errors = reproduction.evaluate_variant(variant, noisy)["grad_mse"]
+  assert all(1e-14 < e < 1e-4 for e in errors) and errors[0] != errors[1]   # seeds differ
+  too_narrow = config_lib.with_overrides(variant, dict(model=dict(width=8)))
+  with pytest.raises(config_lib.ConfigError, match="needs width"):
+    reproduction.initial_params(too_narrow, "handset", {})
+
+
+def test_summarize_records_where_warm_starts_began():
+  from jaxlab.methods.precision_ls import reproduction  # pylint: disable=g-import-not-at-top
+  reference = {"handset_iterated_mse": 2e-14, "handset_grad_mse": 1e-31,
+               "gd_iterated_mse": 2e-14}
+  seeds = lambda *values: {"grad_mse": list(values), "iterated_mse": list(values)}
+  per_variant = {"continue_recipe": seeds(1e-12, 3e-12, 2e-12),
+                 "continue_plain": seeds(1e-9, 2e-9, 4e-9)}
+  metrics, claims, _ = reproduction.summarize(
+      per_variant, reference, {}, {name: [5e-7, 6e-7, 5.5e-7] for name in per_variant})
+  assert metrics["start_grad_mse"] == {"continue_recipe": 5.5e-7, "continue_plain": 5.5e-7}
+  by_name = {c["name"]: c for c in claims}
+  assert by_name["recipe_beats_plain_from_warm_start"]["holds"]

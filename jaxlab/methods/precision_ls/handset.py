@@ -104,3 +104,13 @@ def handset_gradient_params(template: Any, *, d: int, n: int) -> Any:
     layer2["gate_proj"]["bias"][c] = -1.0
     layer2["out_proj"]["kernel"][c, g_ch[j]] = 1.0
   return jax.tree.map(jnp.asarray, params)
+
+
+def perturbed(params: Any, key: jax.Array, scale: float) -> Any:
+  """`params` plus independent N(0, scale^2) noise on every entry (zeros included): a model near
+  the exact solution, whose gradient MSE grows as scale^2 (about 1.3e3 scale^2 at d=5, n=20)."""
+  leaves, treedef = jax.tree.flatten(params)
+  keys = jax.random.split(key, len(leaves))
+  return jax.tree.unflatten(treedef, [
+      x + scale * jax.random.normal(k, jnp.shape(x), jnp.asarray(x).dtype)
+      for x, k in zip(leaves, keys)])

@@ -26,6 +26,9 @@ ADAM_DEFAULT = "adam_default"
 ATTENTION_ARMS = {"linear_attention": "linear attention", "softmax": "softmax attention"}
 MULTIPLY_ARCHS = {"multiply_baseconv": "baseconv", "multiply_softmax": "softmax"}
 CONTINUATIONS = ("continue_recipe", "continue_plain")
+# `train.init_from` value for a start from the hand-set BaseConv (perturbed by `train.init_noise`)
+# instead of another variant's final parameters.
+HANDSET_SOURCE = "handset"
 PAPER_SINGLE_ITERATE_MSE = 1e-13   # "MSEs as low as ~1e-13 for single iterates" (2.5M steps)
 ORDERS_OF_MAGNITUDE = 2.0          # log10 of the 100x the "orders of magnitude" claims ask for
 PLATEAU_FRACTION = 0.1             # "left the plateau": training MSE below a tenth of it
@@ -52,10 +55,11 @@ def selected_variants(config: ml_collections.ConfigDict) -> list[str]:
     if name in ordered:
       return
     source = warm_start_source(config, name)
-    if source:
+    if source and source != HANDSET_SOURCE:
       if source not in names or source in path:
         raise config_lib.ConfigError(
-            f"config key 'variants.{name}.train.init_from' = {source!r} is not another variant")
+            f"config key 'variants.{name}.train.init_from' = {source!r} is neither another "
+            f"variant nor {HANDSET_SOURCE!r}")
       add(source, path + (name,))
     ordered.append(name)
 
@@ -65,8 +69,34 @@ def selected_variants(config: ml_collections.ConfigDict) -> list[str]:
 
 
 def warm_start_source(config: ml_collections.ConfigDict, name: str) -> str:
-  """The variant whose final parameters `name` starts from, or ""."""
+  """The variant whose final parameters `name` starts from, HANDSET_SOURCE, or ""."""
   return config_lib.get(config.variants[name], "train.init_from", "")
+
+
+def initial_params(config: ml_collections.ConfigDict, source: str,
+                   final_params: dict[str, Any]) -> Any:
+  """Replica-stacked starting parameters of a variant (`config` is its config): None for a fresh
+  initialisation, another variant's final parameters, or the hand-set BaseConv with replica r
+  perturbed by its own N(0, init_noise^2) noise (seed r)."""
+  if not source:
+    return None
+  if source != HANDSET_SOURCE:
+    return final_params[source]
+  config_lib.require(config.data.task == "gradient" and config.model.mixer == "baseconv",
+                     "train.init_from", "the hand-set start needs a BaseConv on the gradient task")
+  config_lib.require(config.train.init_noise >= 0, "train.init_noise",
+                     f"must be >= 0, got {config.train.init_noise}")
+  task = training.make_task(config)
+  model = training.make_model(config, task)
+  try:
+    exact = handset.handset_gradient_params(jax.device_get(model.init(jax.random.key(0))),
+                                            d=config.data.d, n=config.data.n)
+  except ValueError as error:
+    raise config_lib.ConfigError(f"config key 'train.init_from' = {source!r}: {error}") from error
+  key = jax.random.key(config.seed)
+  return jax.vmap(lambda r: handset.perturbed(exact, jax.random.fold_in(key, r),
+                                              config.train.init_noise))(
+      jnp.arange(config.train.num_seeds))
 
 
 def variant_config(config: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
@@ -108,6 +138,15 @@ def evaluate_variant(config: ml_collections.ConfigDict, params: Any) -> dict[str
   loss_fn = training.make_loss(model, task)
   errors = jax.device_get(jax.jit(jax.vmap(loss_fn, (0, None)))(params, batch))
   return {"test_mse": [float(x) for x in errors]}
+
+
+def grad_mse_per_seed(config: ml_collections.ConfigDict, params: Any) -> list[float]:
+  """The one-step gradient MSE of each seed of replica-stacked gradient-task `params` (no
+  iterates: cheaper than `evaluate_variant`)."""
+  model = training.make_model(config, training.make_task(config))
+  one_seed = lambda p, b: evaluation.gradient_mse(evaluation.model_gradient(model.apply, p), b)
+  errors = jax.device_get(jax.jit(jax.vmap(one_seed, (0, None)))(params, test_batch(config)))
+  return [float(x) for x in errors]
 
 
 def steps_to_leave_plateau(steps: np.ndarray, losses: np.ndarray, plateau: float) -> int | None:
@@ -155,11 +194,13 @@ def handset_and_gd(config: ml_collections.ConfigDict) -> dict[str, Any]:
 
 
 def summarize(per_variant: dict[str, dict[str, Any]], reference: dict[str, Any],
-              plateau_steps: dict[str, list[int | None]] | None = None
+              plateau_steps: dict[str, list[int | None]] | None = None,
+              start_mse: dict[str, list[float]] | None = None,
               ) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
   """(metrics, claims, headline). Metrics per arm are medians over seeds with `..._seeds` lists;
   every comparison of two arms is decided over seeds by `results.paired_comparison` on log10
-  MSE (seed r of both arms shares its initialisation and data)."""
+  MSE (seed r of both arms shares its initialisation and data). `start_mse` holds the per-seed
+  gradient MSE at which warm-started arms began."""
   metrics: dict[str, Any] = {
       "handset_iterated_mse": reference["handset_iterated_mse"],
       "handset_grad_mse": reference["handset_grad_mse"],
@@ -170,6 +211,9 @@ def summarize(per_variant: dict[str, dict[str, Any]], reference: dict[str, Any],
   }
   if plateau_steps is not None:
     metrics["steps_to_leave_plateau"] = plateau_steps
+  if start_mse:
+    metrics["start_grad_mse"] = {name: median(values) for name, values in start_mse.items()}
+    metrics["start_grad_mse_seeds"] = dict(start_mse)
   for name, values in per_variant.items():
     if "grad_mse" in values:
       metrics["grad_mse"][name] = median(values["grad_mse"])
