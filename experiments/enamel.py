@@ -46,4 +46,6 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
 
 if __name__ == "__main__":
-  cli.run(main)
+  cli.run(main, single_process=(
+      "eff@k compares execution times, which must all be measured on one machine, and the "
+      "sandbox runs one candidate at a time on it"))

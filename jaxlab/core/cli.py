@@ -128,8 +128,17 @@ def parse_flags(argv: list[str]) -> list[str]:
     sys.exit(CONFIG_ERROR_STATUS)
 
 
-def run(experiment_main: ExperimentMain) -> None:
-  """Parses flags and runs `experiment_main(config, workdir)`."""
+# Exit status of an experiment that cannot run on several processes and was started on a pod.
+SINGLE_PROCESS_STATUS = 3
+
+
+def run(experiment_main: ExperimentMain, *, single_process: str | None = None) -> None:
+  """Parses flags and runs `experiment_main(config, workdir)`.
+
+  `single_process`: why this experiment must run in one process (e.g. a benchmark harness
+  that times every item on one machine); started on several processes it then exits at once
+  with that reason instead of running.
+  """
 
   def _main(argv: list[str]) -> None:
     if not flags.FLAGS["verbosity"].present:
@@ -145,11 +154,16 @@ def run(experiment_main: ExperimentMain) -> None:
       raise app.UsageError("--coordinator_address, --num_processes, --process_id and "
                            "--heartbeat_timeout_seconds need --distributed")
     parallel.maybe_init_distributed(enabled, **explicit)
+    import jax  # pylint: disable=g-import-not-at-top
+    if single_process and jax.process_count() > 1:
+      print(f"error: this experiment runs in one process only ({single_process}); it was started "
+            f"on {jax.process_count()} processes: run it without --distributed",
+            file=sys.stderr)
+      sys.exit(SINGLE_PROCESS_STATUS)
     host.tune_allocator()
     config = _CONFIG.value
     if config is None:
       raise app.UsageError("--config is required, e.g. --config=configs/<slug>.py:quick")
-    import jax  # pylint: disable=g-import-not-at-top
     try:
       config_lib.validate(config, device_count=jax.device_count())
     except config_lib.ConfigError as e:

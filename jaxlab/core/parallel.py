@@ -87,9 +87,48 @@ def shard_batch(batch: Any, mesh: Mesh) -> Any:
       lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), batch)
 
 
+def put(tree: Any, sharding: NamedSharding) -> Any:
+  """`jax.device_put(tree, sharding)` that also works when the sharding spans other processes'
+  devices (a pod), where device_put refuses host values and process-local arrays.
+
+  Every process must hold the same global value of each leaf (as with host data every process
+  builds the same way, or a seeded initialisation); each keeps the parts its devices own. Leaves
+  already global (not fully addressable) are resharded; PRNG key arrays keep their type.
+  """
+  if jax.process_count() == 1:
+    return jax.device_put(tree, sharding)
+
+  def one(leaf):
+    if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+      return jax.device_put(leaf, sharding)
+    if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+      return jax.random.wrap_key_data(one(jax.random.key_data(leaf)),
+                                      impl=jax.random.key_impl(leaf))
+    host = np.asarray(leaf)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+  return jax.tree.map(one, tree)
+
+
+def fetch(tree: Any) -> Any:
+  """`jax.device_get(tree)` that also works for arrays spanning other processes' devices (a pod):
+  those are all-gathered, so every process gets the whole value. A collective on a pod: every
+  process must call it, in the same order."""
+  if jax.process_count() == 1:
+    return jax.device_get(tree)
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
+  def one(leaf):
+    if not isinstance(leaf, jax.Array) or leaf.is_fully_addressable:
+      return jax.device_get(leaf)
+    if leaf.is_fully_replicated:
+      return np.asarray(leaf.addressable_data(0))
+    return np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
+  return jax.tree.map(one, tree)
+
+
 def replicate(tree: Any, mesh: Mesh) -> Any:
   """Places a pytree of host values on every device of the mesh."""
-  return jax.device_put(tree, replicated(mesh))
+  return put(tree, replicated(mesh))
 
 
 def shard_map_over_data(fn: Callable[..., Any], mesh: Mesh, *, in_specs: Any,

@@ -75,7 +75,7 @@ def replica_sharding(num_replicas: int, mesh: jax.sharding.Mesh) -> jax.sharding
 
 def place(tree: PyTree, mesh: jax.sharding.Mesh) -> PyTree:
   """Replica-stacked arrays [R, ...] placed by `replica_sharding`."""
-  return jax.device_put(tree, replica_sharding(num_replicas(tree), mesh))
+  return parallel.put(tree, replica_sharding(num_replicas(tree), mesh))
 
 
 @dataclasses.dataclass
@@ -125,7 +125,7 @@ def run_chunks(init: Callable[[], PyTree], chunk: ChunkFn, *, steps: int, chunk_
       stop = min(step + chunk_steps, steps)
       state, chunk_metrics = chunk(state, jnp.asarray(step), jnp.asarray(stop))
       step = stop
-      last_metrics = {k: np.asarray(v) for k, v in jax.device_get(chunk_metrics).items()}
+      last_metrics = {k: np.asarray(v) for k, v in parallel.fetch(chunk_metrics).items()}
       record = summarize(last_metrics)
       history.append({"step": step, **record})
       bar.update(step, record)

@@ -1,6 +1,6 @@
 """The grain pipeline every method reuses, and helpers to build and read TFDS datasets.
 
-    indices = range(N) -> shuffle(seed) -> repeat -> [process_index::process_count] -> batch
+    indices = range(N) -> shuffle(seed) -> repeat -> batch -> this process's block of rows
     batch   = collate(source[indices]) -> map(transform)
 
 Shuffling and batching act on indices, and each batch is read from the source in one call: a
@@ -142,14 +142,23 @@ def grain_pipeline(source: Any, *, batch_size: int, seed: int, process_index: in
 
   `num_epochs=None` repeats forever (training); evaluation passes `num_epochs=1`,
   `shuffle=False`. Each epoch is reshuffled from `seed`.
+
+  Process p reads the p-th contiguous block of rows of each global batch, so the global batch
+  that `parallel.shard_batch` assembles from the processes' blocks (in process order) is the
+  one-process batch, row for row: per-row randomness keyed by position (noise, dropout) is then
+  the same on any number of hosts. Only indices are batched globally; each process reads its
+  own rows. (A last partial batch, `drop_remainder=False`, must split evenly on a pod.)
   """
   if batch_size % process_count:
     raise ValueError(f"batch size {batch_size} is not divisible by {process_count} processes")
   indices = grain.MapDataset.range(len(source))
   if shuffle:
     indices = indices.shuffle(seed=seed)
-  indices = indices.repeat(num_epochs)[process_index::process_count]
-  batches = indices.batch(batch_size // process_count, drop_remainder=drop_remainder)
+  batches = indices.repeat(num_epochs).batch(batch_size, drop_remainder=drop_remainder)
+  if process_count > 1:
+    local = batch_size // process_count
+    first = process_index * local
+    batches = batches.map(lambda rows: rows[first:first + local])
   record = _example_recorder(len(source), process_index)
   def read(index: np.ndarray) -> Batch:
     if record is not None:

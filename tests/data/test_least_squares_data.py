@@ -58,6 +58,16 @@ def test_pipeline_shards_processes_without_overlap():
   assert set(seen[0]) | set(seen[1]) == set(range(32))
 
 
+def test_the_processes_blocks_make_the_one_process_batch_row_for_row():
+  source = pipeline.InMemorySource({"i": np.arange(40)})
+  whole = pipeline.grain_pipeline(source, batch_size=8, seed=3)
+  parts = [pipeline.grain_pipeline(source, batch_size=8, seed=3, process_index=p,
+                                   process_count=4) for p in range(4)]
+  for _ in range(7):   # past an epoch boundary
+    np.testing.assert_array_equal(next(whole)["i"],
+                                  np.concatenate([next(it)["i"] for it in parts]))
+
+
 def test_pipeline_reshuffles_each_epoch_and_restores_state():
   source = pipeline.InMemorySource({"i": np.arange(8)})
   it = pipeline.grain_pipeline(source, batch_size=8, seed=1)

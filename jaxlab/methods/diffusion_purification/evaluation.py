@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from jaxlab.core import parallel
 from jaxlab.diffusion import schedules
 from jaxlab.methods.diffusion_purification import attacks
 from jaxlab.methods.diffusion_purification import models
@@ -153,6 +154,7 @@ def batch_key(seed: int, index: int, replicate: int = 0) -> jax.Array:
 
 def concatenate_batches(per_batch: list[dict[str, Any]]) -> dict[str, np.ndarray]:
   """[{protocol: per-example [B]}] -> {protocol: per-example [N]} on the host."""
+  per_batch = parallel.fetch(per_batch)
   return {name: np.concatenate([np.asarray(b[name]) for b in per_batch])
           for name in per_batch[0]}
 

@@ -205,9 +205,9 @@ def fit(trainable: Trainable, data: FitData, keys: jax.Array, schedule: Schedule
   state = run.state
   history = [{k: v for k, v in record.items() if k != "eval/mi_per_seed"}
              for record in run.history]
-  final_mi = (np.asarray(jax.device_get(trainable_final_mi(trainable, state, data)))
+  final_mi = (np.asarray(parallel.fetch(trainable_final_mi(trainable, state, data)))
               if run.last_metrics is None else np.asarray(run.last_metrics["eval/mi"]))
-  host_state = jax.device_get({k: state[k] for k in ("best_mi", "best_step", "skipped_steps")})
+  host_state = parallel.fetch({k: state[k] for k in ("best_mi", "best_step", "skipped_steps")})
   return FitResult(best_mi=np.asarray(host_state["best_mi"], float), final_mi=final_mi,
                    best_step=np.asarray(host_state["best_step"]),
                    skipped_steps=np.asarray(host_state["skipped_steps"]), history=history,
