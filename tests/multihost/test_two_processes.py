@@ -64,19 +64,23 @@ def test_two_processes_give_the_metrics_of_one(precision_ls_runs):
   assert_same_metrics(single_dir, pod_dir)
 
 
-def test_only_process_0_writes_and_both_checkpoint(precision_ls_runs):
-  _, pod_dir = precision_ls_runs
-  # One workdir shared by both processes (as a bucket would be): exactly one copy of each
-  # output, written by process 0, and a checkpoint that both processes finished.
+def assert_one_writer(pod_dir: pathlib.Path) -> None:
+  """One workdir shared by both processes (as a bucket would be): exactly one copy of each
+  output, written by process 0, and checkpoints that both processes finished."""
   assert (pod_dir / "results.json").exists()
   logs = sorted(pod_dir.rglob("metrics.jsonl"))
   assert logs
   for log in logs:
-    steps = [json.loads(line)["step"] for line in log.read_text().splitlines()
-             if "train/loss" in json.loads(line)]
-    assert steps == sorted(set(steps)), f"{log}: two writers interleaved {steps}"
+    records = [json.loads(line) for line in log.read_text().splitlines() if line]
+    for kind in {tuple(sorted(r)) for r in records}:   # train and eval records log separately
+      steps = [r["step"] for r in records if tuple(sorted(r)) == kind]
+      assert steps == sorted(set(steps)), f"{log}: two writers interleaved {steps}"
   checkpoints = sorted(p for p in pod_dir.rglob("checkpoints") if p.is_dir())
   assert checkpoints and all(any(c.iterdir()) for c in checkpoints)
+
+
+def test_only_process_0_writes_and_both_checkpoint(precision_ls_runs):
+  assert_one_writer(precision_ls_runs[1])
 
 
 @pytest.mark.slow
@@ -173,3 +177,4 @@ def test_every_experiment_gives_one_process_metrics_on_two(slug, tmp_path):
   assert single.returncode == 0, single.stderr[-3000:]
   assert_ran(launch.launch(slug, "smoke", tmp_path / "pod", timeout=400))
   assert_same_metrics(tmp_path / "single", tmp_path / "pod")
+  assert_one_writer(tmp_path / "pod")
