@@ -2,11 +2,16 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
+import json
 import os
 import pathlib
 import platform
+import statistics
+import subprocess
 import time
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -141,3 +146,90 @@ def publish(lines: list[str], append: bool) -> None:
   print(text)
   if append:
     append_results(text)
+
+
+def add_official_flags(parser: argparse.ArgumentParser) -> None:
+  parser.add_argument("--official", type=pathlib.Path, default=None,
+                      help="a local checkout of the official repository: time its training "
+                           "step beside ours, interleaved (nothing is downloaded)")
+  parser.add_argument("--official-python", default=None,
+                      help="the Python of an environment with the official code's "
+                           "dependencies (default: this one)")
+  parser.add_argument("--rounds", type=int, default=5,
+                      help="side-by-side rounds: ours, official, ours, ... (at least 5)")
+  parser.add_argument("--window", type=float, default=5.0,
+                      help="seconds per timing window in side-by-side rounds")
+
+
+class OfficialWorker:
+  """A worker process that times the official code's step (the `*_official_worker.py`
+  protocol: it prints {"ready": ...}, then answers `window SECONDS` with {"steps", "seconds"})."""
+
+  def __init__(self, python: str, script: pathlib.Path, *args: str):
+    self.process = subprocess.Popen([python, str(script), *args], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, text=True)
+    self.info = self._read()
+
+  def _read(self) -> dict:
+    line = self.process.stdout.readline()
+    if not line:
+      raise RuntimeError(f"the official worker exited ({self.process.wait()}); see its stderr")
+    return json.loads(line)
+
+  def steps_per_second(self, seconds: float) -> float:
+    self.process.stdin.write(f"window {seconds}\n")
+    self.process.stdin.flush()
+    result = self._read()
+    return result["steps"] / result["seconds"]
+
+  def close(self) -> None:
+    if self.process.poll() is None:
+      self.process.stdin.write("quit\n")
+      self.process.stdin.flush()
+      self.process.wait(timeout=60)
+
+
+def steps_per_second_for(step: Callable[[], object], seconds: float) -> float:
+  """Whole calls of `step()` (each blocked on) for at least `seconds`: calls per second."""
+  count, start = 0, time.perf_counter()
+  while time.perf_counter() - start < seconds:
+    jax.block_until_ready(step())
+    count += 1
+  return count / (time.perf_counter() - start)
+
+
+@dataclasses.dataclass
+class SideBySide:
+  ours: list[float]         # steps/s per round
+  official: list[float]
+  loads: list[float]        # 1-minute load average before each window
+
+  @property
+  def ratio(self) -> float:
+    """The median over rounds of ours / official (each round's two windows are adjacent)."""
+    return statistics.median(o / f for o, f in zip(self.ours, self.official))
+
+  def row_cells(self) -> str:
+    return (f"{statistics.median(self.ours):.2f} | {statistics.median(self.official):.2f} | "
+            f"{self.ratio:.2f}x | {min(self.loads):.1f}-{max(self.loads):.1f}")
+
+
+SIDE_BY_SIDE_COLUMNS = ("jaxlab steps/s (median) | official steps/s (median) | "
+                        "ours / official (median of rounds) | load before windows")
+
+
+def side_by_side(ours: Callable[[float], float], official: Callable[[float], float], *,
+                 rounds: int, window: float) -> SideBySide:
+  """Alternates windows of `ours(seconds)` and `official(seconds)` (each returns steps/s)."""
+  if rounds < 5:
+    raise ValueError(f"side-by-side timing needs at least 5 rounds, got {rounds}")
+  result = SideBySide([], [], [])
+  for _ in range(rounds):
+    for timer, out in ((ours, result.ours), (official, result.official)):
+      result.loads.append(os.getloadavg()[0])
+      out.append(timer(window))
+  return result
+
+
+def versions(extra: Sequence[str] = ()) -> str:
+  return ", ".join([f"jax {jax.__version__}", *extra])

@@ -1,6 +1,16 @@
 """Train-step speed of precision_ls models against this machine's matmul peak.
 
   python benchmarks/precision_ls_speed.py [--steps 40] [--batch 1024] [--no-append] [--brief]
+  python benchmarks/precision_ls_speed.py --official ~/src/precision-ls \
+      --official-python ~/venvs/precision-ls/bin/python [--rounds 5] [--window 5]
+
+With `--official DIR` (a checkout of HazyResearch/precision-ls; nothing is downloaded) it times
+the official `train_step` beside ours instead: `precision_ls_official_worker.py` runs it in its own
+process under `--official-python` (an environment with `torch==2.13.0 einops munch numpy pyyaml
+tqdm`), and each row alternates windows of ours and the official step for `--rounds` rounds,
+printing both medians, the median of the per-round ratios and the load average before each
+window. Rows: BaseConv, softmax attention with 1 head (the official model) and 4 heads, float32
+and float64, ours with and without microbatching; both sides time one step on a fixed batch.
 
 Reference configuration (the paper's explicit-gradient setting): 3 layers, width 64, no MLP, no
 LayerNorm, d=5, n=20, batch 1024, Adam with the recipe (eps 1e-16, EMA filter). Prints steps/s and
@@ -26,6 +36,7 @@ import datetime
 import os
 import pathlib
 import platform
+import subprocess
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
@@ -33,7 +44,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
-from benchmarks.common import append_results, appends, brief_mark, cut, matmul_peak, parse_args, seconds_per_update  # pylint: disable=g-import-not-at-top
+from benchmarks.common import SIDE_BY_SIDE_COLUMNS, OfficialWorker, add_official_flags, append_results, appends, brief_mark, cut, matmul_peak, parse_args, seconds_per_update, side_by_side, steps_per_second_for, versions  # pylint: disable=g-import-not-at-top
 from jaxlab.core import config as config_lib  # pylint: disable=g-import-not-at-top
 from jaxlab.core import host  # pylint: disable=g-import-not-at-top
 from jaxlab.data import least_squares  # pylint: disable=g-import-not-at-top
@@ -46,13 +57,14 @@ TORCH_HERE_STEPS_PER_S = {("baseconv", "float32"): 3.7, ("baseconv", "float64"):
                           ("softmax", "float32"): 8.7, ("softmax", "float64"): 3.1}
 
 
-def step_config(arch: str, conv_impl: str, precision: str, batch: int, microbatch: int = 0):
+def step_config(arch: str, conv_impl: str, precision: str, batch: int, microbatch: int = 0,
+                heads: int = 4):
   c = config_lib.load_config(
       pathlib.Path(__file__).resolve().parents[1] / "configs" / "precision_ls.py", "quick")
   mixer = "baseconv" if arch == "baseconv" else "softmax_attention"
   return config_lib.with_overrides(c, {
       "precision": precision,
-      "model": dict(mixer=mixer, width=64, depth=3, num_heads=1 if arch == "baseconv" else 4,
+      "model": dict(mixer=mixer, width=64, depth=3, num_heads=1 if arch == "baseconv" else heads,
                     use_mlp=False, use_layernorm=False, final_layernorm=False,
                     conv_impl=conv_impl),
       "optim": dict(eps=1e-16, ema_strength=2.0, schedule="adaptive"),
@@ -88,6 +100,73 @@ def bench_step(arch: str, conv_impl: str, precision: str, batch: int, steps: int
   return 1.0 / seconds, flops
 
 
+def our_step(arch: str, precision: str, batch: int, microbatch: int, heads: int):
+  """One call = one jitted training step on a fixed batch (the state advances, donated)."""
+  config = step_config(arch, "toeplitz", precision, batch, microbatch, heads)
+  experiment = training.make_experiment(config)
+  holder = {"state": jax.jit(experiment.init)(jax.random.key(0))}
+  holder["state"]["step"] = jnp.ones([], jnp.int32)   # past the statistics probe at step 0
+  data = least_squares.sample_problems(jax.random.key(1), batch, 20, 5,
+                                       dtype=training.dtype_of(config))
+  update = jax.jit(experiment.update, donate_argnums=0)
+
+  def step():
+    holder["state"], metrics = update(holder["state"], data, jax.random.key(2))
+    return metrics["loss"]
+  jax.block_until_ready(step())   # compile
+  return step
+
+
+WORKER = pathlib.Path(__file__).resolve().parent / "precision_ls_official_worker.py"
+
+
+def side_by_side_table(args) -> str:
+  """Ours and the official step, interleaved, per (model, dtype, microbatch)."""
+  rows, info = [], {}
+  settings = [("baseconv", 1, 0), ("baseconv", 1, args.microbatch), ("softmax", 1, 0),
+              ("softmax", 1, args.microbatch), ("softmax", 4, 0), ("softmax", 4, args.microbatch)]
+  for precision in ("float32", "float64"):
+    workers = {}
+    try:
+      for arch, heads, microbatch in settings:
+        key = (arch, heads)
+        if key not in workers:
+          workers[key] = OfficialWorker(
+              args.official_python or sys.executable, WORKER, f"--official={args.official}",
+              f"--mixer={'base_conv' if arch == 'baseconv' else 'attn'}", f"--heads={heads}",
+              f"--dtype={precision}", f"--batch={args.batch}")
+          info = workers[key].info
+        with jax.enable_x64(precision == "float64"):
+          ours = our_step(arch, precision, args.batch, microbatch, heads)
+          result = side_by_side(lambda s: steps_per_second_for(ours, s),
+                                workers[key].steps_per_second, rounds=args.rounds,
+                                window=args.window)
+        rows.append(f"| {arch} | {heads if arch == 'softmax' else '-'} | {precision} | "
+                    f"{microbatch or '-'} | {result.row_cells()} |\n")
+        print(rows[-1], end="", flush=True)
+    finally:
+      for worker in workers.values():
+        worker.close()
+  torch_version = f"torch {info.get('torch')} ({info.get('threads')} threads)"
+  header = (f"\n## precision_ls train step beside the official code, {datetime.date.today()} "
+            f"({platform.machine()}, {os.cpu_count()} cores, {versions([torch_version])}, "
+            f"batch {args.batch}){brief_mark(args)}\n\n"
+            f"Official: `{args.official}` ({official_commit(args.official)}), its `train_step` "
+            f"on a fixed batch (`benchmarks/precision_ls_official_worker.py`). {args.rounds} "
+            f"rounds of {args.window:g} s windows, ours then official.\n\n"
+            f"| model | heads | dtype | our microbatch | {SIDE_BY_SIDE_COLUMNS} |\n"
+            "|---|---|---|---|---|---|---|---|\n")
+  return header + "".join(rows)
+
+
+def official_commit(checkout: pathlib.Path) -> str:
+  try:
+    return subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+  except (OSError, subprocess.CalledProcessError):
+    return "commit unknown"
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--steps", type=int, default=40)
@@ -95,8 +174,15 @@ def main() -> None:
   parser.add_argument("--microbatch", type=int, default=128,
                       help="the accumulated-microbatch rows' microbatch size")
   parser.add_argument("--no-append", action="store_true")
+  add_official_flags(parser)
   args = parse_args(parser, steps=4, batch=256)
   host.tune_allocator()
+  if args.official is not None:
+    table = side_by_side_table(args)
+    print(table)
+    if appends(args):
+      append_results(table)
+    return
 
   with jax.enable_x64(True):
     peak = {"float32": matmul_peak(jnp.float32, repeats=cut(args, 10)),
