@@ -1,6 +1,15 @@
 """Full-batch training speed of Neural SpaceTimes, and the distortion reached, vs the official code.
 
   python benchmarks/neural_spacetimes_speed.py [--epochs 5000] [--no-append] [--brief]
+  python benchmarks/neural_spacetimes_speed.py --official ~/src/NeuralSpaceTimesICLR2025 \
+      --official-python ~/venvs/nst/bin/python [--rounds 5] [--window 10]
+
+With `--official DIR` (a checkout of haitzsaezdeocariz/NeuralSpaceTimesICLR2025; nothing is
+downloaded) it instead times the official training beside ours on the reference setting below:
+`neural_spacetimes_official_worker.py` runs the official `train` for 100 epochs per call in its own
+process under `--official-python` (with `torch==2.13.0 networkx matplotlib pydot` and Graphviz's
+`dot`), interleaved with our compiled 100-epoch chunk for `--rounds` rounds, for NST and Minkowski;
+it prints seconds per 100 epochs (medians), the median per-round speed-up and the load average.
 
 --brief (a GPU smoke check; never appends): every model and replica count as below, each
 100-epoch chunk timed over 2 calls instead of 5, and the end-to-end fit of 500 epochs (one chunk)
@@ -24,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+import statistics
 import sys
 import time
 
@@ -32,7 +42,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
-from benchmarks.common import appends, brief_mark, cut, parse_args, publish, machine, time_call  # pylint: disable=g-import-not-at-top
+from benchmarks.common import OfficialWorker, add_official_flags, appends, brief_mark, cut, parse_args, publish, machine, side_by_side, steps_per_second_for, time_call  # pylint: disable=g-import-not-at-top
 from jaxlab.core import host  # pylint: disable=g-import-not-at-top
 from jaxlab.core import parallel  # pylint: disable=g-import-not-at-top
 from jaxlab.core import replicas  # pylint: disable=g-import-not-at-top
@@ -47,9 +57,8 @@ OFFICIAL_FINAL = {"distortion_mean": 1.093, "distortion_std": 0.24, "distortion_
 SEED = 123
 
 
-def seconds_per_100(spec: models.SpacetimeSpec, graph: dags.WeightedDag, num_replicas: int,
-                    mesh, repeats: int = 5) -> tuple[float, float]:
-  """(steady-state seconds per 100 epochs of all replicas, compile seconds)."""
+def chunk_call(spec: models.SpacetimeSpec, graph: dags.WeightedDag, num_replicas: int, mesh):
+  """(one call = 100 epochs of every replica, compiled; compile seconds)."""
   schedule = training.Schedule(epochs=0, chunk_epochs=100, ckpt_every=0)
   keys = replicas.place(jax.random.split(jax.random.key(SEED), num_replicas), mesh)
   graphs = replicas.place(objective.graph_arrays([graph] * num_replicas), mesh)
@@ -65,18 +74,59 @@ def seconds_per_100(spec: models.SpacetimeSpec, graph: dags.WeightedDag, num_rep
   def run_chunk():
     holder["state"], metrics = compiled(holder["state"], *args)
     return metrics
+  return run_chunk, compile_s
 
+
+def seconds_per_100(spec: models.SpacetimeSpec, graph: dags.WeightedDag, num_replicas: int,
+                    mesh, repeats: int = 5) -> tuple[float, float]:
+  """(steady-state seconds per 100 epochs of all replicas, compile seconds)."""
+  run_chunk, compile_s = chunk_call(spec, graph, num_replicas, mesh)
   return time_call(run_chunk, repeats=repeats), compile_s
+
+
+WORKER = pathlib.Path(__file__).resolve().parent / "neural_spacetimes_official_worker.py"
+
+
+def side_by_side_lines(args, graph: dags.WeightedDag, mesh) -> list[str]:
+  """Our 100-epoch chunk and the official `train` for 100 epochs, interleaved, per model."""
+  rows, info = [], {}
+  for kind, official_kind in (("nst", "nst"), ("minkowski", "min")):
+    worker = OfficialWorker(args.official_python or sys.executable, WORKER,
+                            f"--official={args.official}", f"--model={official_kind}")
+    try:
+      info = worker.info
+      ours, _ = chunk_call(models.SpacetimeSpec(kind, 2), graph, 1, mesh)
+      result = side_by_side(lambda s: steps_per_second_for(ours, s), worker.steps_per_second,
+                            rounds=args.rounds, window=args.window)
+    finally:
+      worker.close()
+    ours_s, official_s = 1 / statistics.median(result.ours), 1 / statistics.median(result.official)
+    rows.append(f"| {kind} | {ours_s:.3f} | {official_s:.2f} | {result.ratio:.1f}x | "
+                f"{min(result.loads):.1f}-{max(result.loads):.1f} |\n")
+    print(rows[-1], end="", flush=True)
+  return [f"\n## neural_spacetimes beside the official code, {machine()}, torch "
+          f"{info.get('torch')} ({info.get('threads')} threads){brief_mark(args)}\n\n",
+          f"Synthetic type 1, 50 nodes, dimension 2, full batch ({info.get('pairs')} pairs in "
+          f"the official step, our {graph.num_edges} edges). Official: `{args.official}`, its "
+          "`dag_train_functions.train` for 100 epochs per call "
+          f"(`benchmarks/neural_spacetimes_official_worker.py`); {args.rounds} rounds of "
+          f"{args.window:g} s windows, ours then official.\n\n",
+          "| model | jaxlab s / 100 epochs | official s / 100 epochs | speed-up (median of "
+          "rounds) | load before windows |\n|---|---|---|---|---|\n", *rows]
 
 
 def main() -> None:
   parser = argparse.ArgumentParser()
   parser.add_argument("--epochs", type=int, default=5000)
   parser.add_argument("--no-append", action="store_true")
+  add_official_flags(parser)
   args = parse_args(parser, epochs=500)
   host.tune_allocator()
   mesh = parallel.make_mesh()
   graph = dags.synthetic_dag("type1", num_nodes=50, p=0.9, seed=SEED)
+  if args.official is not None:
+    publish(side_by_side_lines(args, graph, mesh), append=appends(args))
+    return
   lines = [f"\n## neural_spacetimes full-batch training, {machine()}{brief_mark(args)}\n\n",
            f"Synthetic type 1, {graph.num_nodes} nodes, {graph.num_edges} edges, drawn by "
            f"`{graph.layout}`; encoder 10 x 100; every edge in every step. Official PyTorch code "
