@@ -21,10 +21,10 @@ calls lasting at least SECONDS; `quit` ends it.
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import sys
-import time
+
+import official_protocol  # benchmarks/, the script's own directory
 
 EPOCHS_PER_CALL = 100
 
@@ -35,7 +35,7 @@ def main() -> None:
   parser.add_argument("--model", choices=("nst", "min"), default="nst")
   parser.add_argument("--threads", type=int, default=2)
   args = parser.parse_args()
-  protocol, sys.stdout = sys.stdout, sys.stderr   # the official code prints to stdout
+  protocol = official_protocol.take_stdout()   # the official code prints to stdout
   import torch  # pylint: disable=g-import-not-at-top
   torch.set_num_threads(args.threads)
   sys.path.insert(0, str(args.official / "dag_embedding"))
@@ -51,18 +51,8 @@ def main() -> None:
                               num_epochs=EPOCHS_PER_CALL, max_grad_norm=0.5, device="cpu",
                               display_epoch=EPOCHS_PER_CALL + 1, space_dim=2, time_dim=2)
   call()
-  print(json.dumps({"ready": True, "torch": torch.__version__, "threads": args.threads,
-                    "pairs": int(data_x.shape[0])}), file=protocol, flush=True)
-  for line in sys.stdin:
-    command = line.split()
-    if not command or command[0] == "quit":
-      break
-    calls, start = 0, time.perf_counter()
-    while time.perf_counter() - start < float(command[1]):
-      call()
-      calls += 1
-    print(json.dumps({"steps": calls, "seconds": time.perf_counter() - start}), file=protocol,
-          flush=True)
+  official_protocol.serve(call, protocol, torch=torch.__version__, threads=args.threads,
+                          pairs=int(data_x.shape[0]))
 
 
 if __name__ == "__main__":

@@ -21,11 +21,11 @@ whole steps lasting at least SECONDS; `quit` ends it.
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import sys
-import time
 import types
+
+import official_protocol  # benchmarks/, the script's own directory
 
 
 def stub_module(name: str) -> None:
@@ -93,26 +93,13 @@ def main() -> None:
   parser.add_argument("--batch", type=int, default=1024)
   parser.add_argument("--threads", type=int, default=2)
   args = parser.parse_args()
-  # The official code prints to stdout; the protocol keeps stdout to itself.
-  protocol, sys.stdout = sys.stdout, sys.stderr
+  protocol = official_protocol.take_stdout()   # the official code prints to stdout
   import torch  # pylint: disable=g-import-not-at-top
   torch.set_num_threads(args.threads)
   step = build(args.official, args.mixer, args.heads, args.dtype, args.batch)
   for _ in range(3):
     step()
-  print(json.dumps({"ready": True, "torch": torch.__version__, "threads": args.threads}),
-        file=protocol, flush=True)
-  for line in sys.stdin:
-    command = line.split()
-    if not command or command[0] == "quit":
-      break
-    seconds = float(command[1])
-    steps, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-      step()
-      steps += 1
-    print(json.dumps({"steps": steps, "seconds": time.perf_counter() - start}), file=protocol,
-          flush=True)
+  official_protocol.serve(step, protocol, torch=torch.__version__, threads=args.threads)
 
 
 if __name__ == "__main__":

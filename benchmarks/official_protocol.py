@@ -1,0 +1,33 @@
+"""The worker side of side-by-side timing: what `*_official_worker.py` scripts run.
+
+Imports nothing beyond the standard library, so it runs under the official code's own Python
+(without jaxlab or JAX). The parent (`common.OfficialWorker`) reads one JSON object per line:
+{"ready": ..., **info} once, then {"steps": n, "seconds": t} for each stdin line
+`window SECONDS` (whole calls of `step()` lasting at least SECONDS); `quit` ends it.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Callable, TextIO
+
+
+def take_stdout() -> TextIO:
+  """The protocol's stream; afterwards `print` (the official code's too) goes to stderr."""
+  protocol, sys.stdout = sys.stdout, sys.stderr
+  return protocol
+
+
+def serve(step: Callable[[], object], protocol: TextIO, **info) -> None:
+  print(json.dumps({"ready": True, **info}), file=protocol, flush=True)
+  for line in sys.stdin:
+    command = line.split()
+    if not command or command[0] == "quit":
+      break
+    calls, start = 0, time.perf_counter()
+    while time.perf_counter() - start < float(command[1]):
+      step()
+      calls += 1
+    print(json.dumps({"steps": calls, "seconds": time.perf_counter() - start}), file=protocol,
+          flush=True)
