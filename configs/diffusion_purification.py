@@ -100,7 +100,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       c.eval.update(dict(num_images=30, batch_size=30))
     else:
       # The power the claims need (about an hour on 2 cores): 180 digits instead of 60 for the
-      # per-image paired tests, twice the pretraining and fine-tuning.
+      # per-image paired tests, twice the pretraining and fine-tuning, and every fine-tuning
+      # (addt_no_rbgm too: ADDT's CGPO without its RBGM step).
+      c.models = "all"
       c.train.update(dict(steps=600, pretrain_steps=3000))
       c.eval.update(dict(num_images=180, batch_size=60))
   if arg.ablation == "x0_mlp":
