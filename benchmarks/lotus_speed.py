@@ -33,7 +33,7 @@ def main() -> None:
   size, batch = config.data.size, config.train.batch_size
   rng = jax.random.key(0)
   data = {"image": jax.random.uniform(rng, (batch, size, size, 3)) * 2 - 1,
-          "depth_target": jax.random.uniform(rng, (batch, size, size, 3)) * 2 - 1}
+          "target": jax.random.uniform(rng, (batch, size, size, 3)) * 2 - 1}
   peak = matmul_peak(jnp.float32, repeats=cut(args, 10))
   lines = [f"\n## lotus UNet ({args.preset} preset), {machine()}{brief_mark(args)}\n\n",
            f"UNet base {config.model.base_channels} channels, multipliers "
@@ -60,13 +60,13 @@ def main() -> None:
   schedule = training.make_schedule(config)
   optimizer = training.make_optimizer(config.optim.lr, config.train.steps)
   opt_state = optimizer.init(params)
-  x = jnp.concatenate([data["image"], data["depth_target"]], -1)
+  x = jnp.concatenate([data["image"], data["target"]], -1)
   t = jnp.full((batch,), schedule.num_steps - 1)
   labels = jnp.zeros((batch,), jnp.int32)
 
   def loss(p):
-    return training.finetune_loss(model.module(p), schedule, variants.VARIANTS["lotus_g"],
-                                  "depth_target", data, rng)[0]
+    return training.finetune_loss(model.module(p), schedule, variants.VARIANTS["lotus_g"], data,
+                                  rng)[0]
   grads = jax.grad(loss)(params)
   parts = [("UNet forward", jax.jit(lambda p: model.apply(p, x, t, labels)), (params,)),
            ("loss + gradient", jax.jit(jax.grad(loss)), (params,)),

@@ -45,6 +45,9 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None, "With --distributed: this
 _HEARTBEAT = flags.DEFINE_integer(
     "heartbeat_timeout_seconds", None, "With --distributed: how long the others wait for a "
     "process that stopped answering before they fail (JAX's default: 100 s).")
+_COMPILATION_CACHE = flags.DEFINE_bool(
+    "compilation_cache", True, "Keep compiled programs in <workdir>/xla_cache and reuse them "
+    "(within the run: models of one architecture compile once; and when the run is resumed).")
 
 ExperimentMain = Callable[[ml_collections.ConfigDict, str], Any]
 
@@ -170,6 +173,8 @@ def run(experiment_main: ExperimentMain, *, single_process: str | None = None) -
       exit_with_config_error(e)
     workdir = _WORKDIR.value or default_workdir(config_flags.get_config_filename(
         flags.FLAGS["config"]), config.preset)
+    if _COMPILATION_CACHE.value:
+      host.enable_compilation_cache(os.path.join(workdir, "xla_cache"))
     logging.info("workdir %s; %s; %d process(es)", workdir, parallel.describe_devices(),
                  jax.process_count())
     from jaxlab.core import train_loop  # pylint: disable=g-import-not-at-top

@@ -119,7 +119,9 @@ def _run(experiment: Experiment, config: ml_collections.ConfigDict, workdir: str
     if data_state:
       data_iter.set_state(data_state)
 
-  def train_step(state, batch, step):
+  # The key is an argument, not a closed-over constant, so that runs differing only in their
+  # seed lower to the same program (one compile between them with a compilation cache).
+  def train_step(state, batch, step, train_key):
     rng = jax.random.fold_in(train_key, step)
     new_state, step_metrics = experiment.update(state, batch, rng)
     finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(jnp.asarray(v)))
@@ -162,7 +164,7 @@ def _run(experiment: Experiment, config: ml_collections.ConfigDict, workdir: str
   try:
     while step < train_cfg.steps:
       batch = parallel.shard_batch(next(data_iter), mesh)
-      state, step_metrics, finite = train_step(state, batch, jnp.asarray(step))
+      state, step_metrics, finite = train_step(state, batch, jnp.asarray(step), train_key)
       step += 1
       pending_finite.append((step, finite))
       is_last = step == train_cfg.steps

@@ -1,4 +1,8 @@
 """The shared loop: bit-identical resume, NaN guard, one compile, metrics and evaluation."""
+import pathlib
+import subprocess
+import sys
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -104,3 +108,34 @@ def test_finished_run_is_not_retrained(tmp_path):
   train_loop.run(toy_experiment(), toy_config(3), tmp_path)
   again = train_loop.run(toy_experiment(trace_limit=0), toy_config(3), tmp_path)
   assert again.resumed_from == 3 and again.step == 3
+
+
+_TWO_SEEDS_WITH_CACHE = """
+import os, sys
+sys.path.insert(0, {tests!r})
+from jaxlab.core import host
+host.enable_compilation_cache({cache!r})
+import jax
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)   # the toy compiles fast
+from jaxlab.core import train_loop
+import test_train_loop as toy
+for seed in (0, 1):
+  config = toy.toy_config(2).copy_and_resolve_references()
+  config.unlock()
+  config.seed = seed
+  train_loop.run(toy.toy_experiment(), config, os.path.join({work!r}, str(seed)))
+  print(len(os.listdir({cache!r})))
+"""
+
+
+def test_runs_differing_only_in_seed_share_one_compiled_step(tmp_path):
+  """With the compilation cache on, the second seed's run compiles nothing new: the key is an
+  argument of the step, not a constant baked into its program."""
+  cache = tmp_path / "xla_cache"
+  script = _TWO_SEEDS_WITH_CACHE.format(tests=str(pathlib.Path(__file__).parent),
+                                        cache=str(cache), work=str(tmp_path))
+  result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, cwd=pathlib.Path(__file__).resolve().parents[2])
+  assert result.returncode == 0, result.stderr
+  after_first, after_second = map(int, result.stdout.split())
+  assert after_first > 0 and after_second == after_first

@@ -114,9 +114,10 @@ def prior_loss(model, schedule, batch, rng) -> tuple[jax.Array, dict[str, jax.Ar
   return loss, {"mse": loss}
 
 
-def finetune_loss(model, schedule, variant: variants_lib.Variant, target_key: str, batch, rng
+def finetune_loss(model, schedule, variant: variants_lib.Variant, batch, rng
                   ) -> tuple[jax.Array, dict[str, jax.Array]]:
-  image, target = batch["image"], batch[target_key]
+  """`batch`: {"image", "target"}, the target being the task's annotation ([B, H, W, 3])."""
+  image, target = batch["image"], batch["target"]
   batch_size = image.shape[0]
   t_key, noise_key = jax.random.split(rng)
   eps = jax.random.normal(noise_key, target.shape, target.dtype)
@@ -126,14 +127,21 @@ def finetune_loss(model, schedule, variant: variants_lib.Variant, target_key: st
   else:
     t = jax.random.randint(t_key, (batch_size,), 0, schedule.num_steps)
     channels = schedules.q_sample(schedule, target, t, eps)
-  output = model(_inputs(image, channels), t, _labels(batch_size, variants_lib.ANNOTATION))
+  inputs = _inputs(image, channels)
+  if variant.detail_preserver:
+    # One network call on the annotation and reconstruction copies of the batch, stacked (as the
+    # official code concatenates them), told apart by the task switcher.
+    both = model(jnp.concatenate([inputs, inputs]), jnp.concatenate([t, t]),
+                 jnp.concatenate([_labels(batch_size, variants_lib.ANNOTATION),
+                                  _labels(batch_size, variants_lib.RECONSTRUCTION)]))
+    output, reconstruction = both[:batch_size], both[batch_size:]
+  else:
+    output = model(inputs, t, _labels(batch_size, variants_lib.ANNOTATION))
   regression = schedules.target_for(schedule, t, target, eps, variant.parameterization)
   annotation_loss = jnp.mean(jnp.square(output - regression))
   metrics = {"annotation_mse": annotation_loss}
   loss = annotation_loss
   if variant.detail_preserver:
-    reconstruction = model(_inputs(image, channels), t,
-                           _labels(batch_size, variants_lib.RECONSTRUCTION))
     reconstruction_loss = jnp.mean(jnp.square(reconstruction - image))
     loss = loss + reconstruction_loss
     metrics["reconstruction_mse"] = reconstruction_loss
@@ -146,9 +154,22 @@ def make_optimizer(lr: float, steps: int) -> optax.GradientTransformation:
   return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.0))
 
 
-def _data_fns(config: ml_collections.ConfigDict):
+def training_arrays(config: ml_collections.ConfigDict, task: str | None
+                    ) -> dict[str, np.ndarray]:
+  """The prior's training images (task None), or {"image", "target"} of one task.
+
+  Every task's batches have the same keys and shapes, so the depth and normal fine-tunings of
+  one variant are the same program (compiled once with the compilation cache).
+  """
+  arrays = task_arrays(config, "train")
+  if task is None:
+    return {"image": arrays["image"]}
+  return {"image": arrays["image"], "target": arrays[f"{task}_target"]}
+
+
+def _data_fns(config: ml_collections.ConfigDict, task: str | None):
   def train_data(process_index, process_count):
-    source = pipeline.InMemorySource(task_arrays(config, "train"))
+    source = pipeline.InMemorySource(training_arrays(config, task))
     return pipeline.grain_pipeline(source, batch_size=config.train.batch_size, seed=config.seed,
                                    process_index=process_index, process_count=process_count)
   return train_data
@@ -168,8 +189,7 @@ def make_experiment(config: ml_collections.ConfigDict, *, variant: str | None = 
     objective = functools.partial(prior_loss, schedule=schedule)
   else:
     objective = functools.partial(finetune_loss, schedule=schedule,
-                                  variant=variants_lib.VARIANTS[variant],
-                                  target_key=f"{task}_target")
+                                  variant=variants_lib.VARIANTS[variant])
 
   def init(rng):
     params = model.init(rng) if init_params is None else init_params
@@ -183,7 +203,7 @@ def make_experiment(config: ml_collections.ConfigDict, *, variant: str | None = 
     return ({"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state},
             {"loss": value, **metrics})
 
-  return train_loop.Experiment(init=init, update=update, train_data=_data_fns(config))
+  return train_loop.Experiment(init=init, update=update, train_data=_data_fns(config, task if variant is not None else None))
 
 
 def predictor(config: ml_collections.ConfigDict, variant_name: str):

@@ -36,16 +36,23 @@ def test_detail_preserver_adds_the_reconstruction_loss():
   config = smoke_config()
   model = training.make_model(config)
   params = jax.tree.map(lambda p: p + 0.05, model.init(jax.random.key(0)))
-  batch = {"image": jnp.ones((2, 16, 16, 3)) * 0.3, "depth_target": jnp.zeros((2, 16, 16, 3))}
+  batch = {"image": jnp.ones((2, 16, 16, 3)) * 0.3, "target": jnp.zeros((2, 16, 16, 3))}
   schedule = training.make_schedule(config)
   plain, plain_metrics = training.finetune_loss(model.module(params), schedule,
-                                                variants.VARIANTS["lotus_g"], "depth_target",
-                                                batch, jax.random.key(1))
+                                                variants.VARIANTS["lotus_g"], batch,
+                                                jax.random.key(1))
   detail, metrics = training.finetune_loss(model.module(params), schedule,
-                                           variants.VARIANTS["lotus_g_detail"], "depth_target",
-                                           batch, jax.random.key(1))
+                                           variants.VARIANTS["lotus_g_detail"], batch,
+                                           jax.random.key(1))
   assert "reconstruction_mse" in metrics and "reconstruction_mse" not in plain_metrics
   np.testing.assert_allclose(detail, plain + metrics["reconstruction_mse"], rtol=1e-5)
+  # The stacked call's reconstruction half is the network switched to RGB on the same input.
+  eps = jax.random.normal(jax.random.split(jax.random.key(1))[1], batch["target"].shape)
+  t = jnp.full((2,), schedule.num_steps - 1, jnp.int32)
+  alone = model.module(params)(jnp.concatenate([batch["image"], eps], -1), t,
+                               jnp.full((2,), variants.RECONSTRUCTION, jnp.int32))
+  np.testing.assert_allclose(metrics["reconstruction_mse"],
+                             jnp.mean(jnp.square(alone - batch["image"])), rtol=1e-5)
 
 
 def test_lotus_d_ignores_the_noise_and_lotus_g_does_not():
@@ -84,3 +91,15 @@ def test_fine_tuning_starts_from_the_prior_on_its_image_and_target_channels():
   kernel = widened["input_conv"]["kernel"]
   np.testing.assert_allclose(kernel[:, :, :3], prior["input_conv"]["kernel"] / 2)
   np.testing.assert_allclose(kernel[:, :, 3:], prior["input_conv"]["kernel"] / 2)
+
+
+def test_every_task_trains_on_batches_of_one_structure():
+  """Depth and normal batches have the same keys and shapes (one compiled step for both tasks);
+  the target is the task's own annotation."""
+  config = smoke_config()
+  depth, normal = (training.training_arrays(config, task) for task in training.TASKS)
+  assert jax.tree.map(np.shape, depth) == jax.tree.map(np.shape, normal)
+  arrays = training.task_arrays(config, "train")
+  np.testing.assert_array_equal(depth["target"], arrays["depth_target"])
+  np.testing.assert_array_equal(normal["target"], arrays["normal_target"])
+  assert set(training.training_arrays(config, None)) == {"image"}
