@@ -8,6 +8,7 @@ import json
 import os
 import pathlib
 import platform
+import re
 import statistics
 import subprocess
 import time
@@ -47,8 +48,8 @@ def parse_args(parser: argparse.ArgumentParser, **brief_defaults) -> argparse.Na
   return args
 
 
-def appends(args: argparse.Namespace) -> bool:
-  """Whether a run adds its tables to RESULTS.md: not under --no-append, nor under --brief
+def writes_results(args: argparse.Namespace) -> bool:
+  """Whether a run writes its tables into RESULTS.md: not under --no-append, nor under --brief
   (a smoke check's numbers are not results)."""
   return not (args.no_append or args.brief)
 
@@ -135,17 +136,51 @@ def machine() -> str:
           f"{jax.devices()[0].platform}, jax {jax.__version__}")
 
 
-def append_results(text: str) -> None:
-  with open(RESULTS, "a", encoding="utf-8") as f:
-    f.write(text)
+def block_markers(block: str) -> tuple[str, str]:
+  """The comment lines that open and close block `block` in RESULTS.md (invisible when the
+  markdown is rendered)."""
+  if not block or block != block.strip() or "\n" in block or "--" in block:
+    raise ValueError(f"a results block needs a one-line name without '--', got {block!r}")
+  return f"<!-- benchmark: {block} -->", f"<!-- /benchmark: {block} -->"
 
 
-def publish(lines: list[str], append: bool) -> None:
-  """Prints a benchmark's markdown section and, unless told not to, appends it to RESULTS.md."""
+def replace_block(results: str, block: str, section: str) -> str:
+  """`results` (the text of RESULTS.md) with block `block` holding `section` instead of what it
+  held, in the same place and with every byte outside it unchanged; a block not yet there is
+  appended at the end. So RESULTS.md reads as one current table per method and kind, not a log."""
+  start, end = block_markers(block)
+  if "<!-- benchmark:" in section or "<!-- /benchmark:" in section:
+    raise ValueError(f"the section for block {block!r} contains a block marker")
+  body = section.strip("\n")
+  new_block = f"{start}\n\n{body}\n\n{end}"
+  # Whole lines only, so "precision_ls" never matches inside "precision_ls official".
+  starts = [m.start() for m in re.finditer(f"^{re.escape(start)}$", results, re.MULTILINE)]
+  ends = [m.end() for m in re.finditer(f"^{re.escape(end)}$", results, re.MULTILINE)]
+  if not starts and not ends:
+    before = results.rstrip("\n")
+    return f"{before}\n\n{new_block}\n" if before else f"{new_block}\n"
+  if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
+    raise ValueError(f"RESULTS.md is malformed at block {block!r}: it has {len(starts)} "
+                     f"{start!r} and {len(ends)} {end!r} lines, where one of each, in that "
+                     "order, is needed; fix the file by hand")
+  return results[:starts[0]] + new_block + results[ends[0]:]
+
+
+def write_results(block: str, section: str, path: pathlib.Path = RESULTS) -> None:
+  """Replaces block `block` of RESULTS.md (or `path`) by `section` (see `replace_block`)."""
+  results = path.read_text(encoding="utf-8") if path.exists() else ""
+  path.write_text(replace_block(results, block, section), encoding="utf-8")
+
+
+def publish(lines: list[str], block: str, write: bool) -> None:
+  """Prints a benchmark's markdown section and, if `write`, puts it in RESULTS.md as block
+  `block` (replacing that block's previous run). A script's runs beside the official code go to
+  their own block (e.g. "precision_ls official"), so each method keeps at most one table of
+  ours alone and one side by side."""
   text = "".join(lines)
   print(text)
-  if append:
-    append_results(text)
+  if write:
+    write_results(block, text)
 
 
 def add_official_flags(parser: argparse.ArgumentParser) -> None:

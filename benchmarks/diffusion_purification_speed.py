@@ -3,14 +3,14 @@ training steps per second.
 
   python benchmarks/diffusion_purification_speed.py [--preset quick] [--no-append] [--brief]
 
---brief (a GPU smoke check; never appends): the smoke preset unless --preset is given (the FLOP
-counts compile the purifier with its scans unrolled, 41 reverse steps in the quick preset, 3 in
-smoke, on 8x8 images with EOT 2), every row as below, each timed over 2 calls instead of 10 to
-30.
+--brief (a GPU smoke check; never writes RESULTS.md): the smoke preset unless --preset is given (the
+FLOP counts compile the purifier with its scans unrolled, 41 reverse steps in the quick preset, 3 in
+smoke, on 8x8 images with EOT 2), every row as below, each timed over 2 calls instead of 10 to 30.
 
-Prints, and appends to benchmarks/RESULTS.md (random-initialised networks, every parameter moved
-by 0.01 N(0, 1) so the zero-initialised output layer does not make the purifier the identity; a
-batch of `eval.batch_size` random images in [-1, 1]):
+Prints, and writes to benchmarks/RESULTS.md in place of this method's previous tables
+(random-initialised networks, every parameter moved by 0.01 N(0, 1) so the zero-initialised
+output layer does not make the purifier the identity; a batch of `eval.batch_size` random images
+in [-1, 1]):
 * seconds per PGD step through the purifier and classifier, with the stochastic white-box keys
   (EOT draws of the preset) and with the DW-box keys (EOT 1), images x EOT draws per second, the
   FLOPs of one step and the achieved GFLOP/s next to the machine's matmul peak;
@@ -37,7 +37,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
-from benchmarks.common import appends, brief_mark, cut, publish, machine, matmul_peak, preset_command_line, time_call, train_step_row, xla_flops  # pylint: disable=g-import-not-at-top
+from benchmarks.common import brief_mark, cut, publish, machine, matmul_peak, preset_command_line, time_call, train_step_row, xla_flops, writes_results  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.diffusion_purification import attacks  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.diffusion_purification import evaluation  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.diffusion_purification import models  # pylint: disable=g-import-not-at-top
@@ -195,7 +195,7 @@ def main() -> None:
                f"{rbgm_ms:.1f} ms per call, {iterations} calls per ADDT step (one argsort of "
                f"{config.data.size ** 2} values per image and channel; XLA's CPU sort).\n")
   print(lines[-1], end="", flush=True)
-  publish(lines, append=appends(args))
+  publish(lines, "diffusion_purification", write=writes_results(args))
 
 
 if __name__ == "__main__":

@@ -2,12 +2,12 @@
 
   python benchmarks/enamel_speed.py [--file humanevalplus-canonical] [--no-append] [--brief]
 
---brief (a smoke check; never appends): the round trip as below (2,000 calls take a fraction of a
-second, fewer leave the start-up's jitter in the per-call figure), the full evaluation cut to the
-first 10 problems with 2 repeats per case instead of 6. It runs no JAX: its time is the
+--brief (a smoke check; never writes RESULTS.md): the round trip as below (2,000 calls take a
+fraction of a second, fewer leave the start-up's jitter in the per-call figure), the full evaluation
+cut to the first 10 problems with 2 repeats per case instead of 6. It runs no JAX: its time is the
 sandbox's, on the CPU, whatever the machine's accelerator.
 
-Prints, and appends to benchmarks/RESULTS.md:
+Prints, and writes to benchmarks/RESULTS.md in place of this method's previous table:
 * worker start-up time (one sandboxed process per sample and problem) and the per-call round trip
   once the worker is up, on a trivial program;
 * programs executed per second over a full evaluation (reference timing + the sample, every case
@@ -24,7 +24,7 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import appends, brief_mark, parse_args, publish, machine  # pylint: disable=g-import-not-at-top
+from benchmarks.common import brief_mark, parse_args, publish, machine, writes_results  # pylint: disable=g-import-not-at-top
 from jaxlab.core import config as config_lib  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.enamel import problems  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.enamel import reproduction  # pylint: disable=g-import-not-at-top
@@ -82,7 +82,7 @@ def main() -> None:
           f"| pass@1 / eff@1 of that run | {summary['pass@1']:.4f} / {summary['eff@1']:.4f} |\n"
           f"\nOfficial evaluator (enam 0.2.0) on a 2-core CPU: about 60 s per sample file once "
           f"the tests exist; target: under 120 s.\n")
-  publish([text], append=appends(args))
+  publish([text], "enamel", write=writes_results(args))
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 
   python benchmarks/flow_mi_speed.py [--estimate-steps 500] [--no-append] [--brief]
 
---brief (a GPU smoke check; never appends): every estimator timed over one 250-step chunk instead
-of four (scaled to 1,000 steps), `--estimate-steps` 250 unless given (one chunk), the step
+--brief (a GPU smoke check; never writes RESULTS.md): every estimator timed over one 250-step chunk
+instead of four (scaled to 1,000 steps), `--estimate-steps` 250 unless given (one chunk), the step
 profile over 5 calls instead of 50.
 
 Reference setting (the issue's): the 5x5 dense Gaussian (off-diagonal 0.5), N = 10,000 (5,000 to
@@ -13,7 +13,7 @@ train), batch 256, one masked-autoregressive RQ-spline layer of width 8 and dept
 20 s of it compilation). The step count of that end-to-end figure is not given; 36 s - 20 s of
 compilation at 34 s / 1,000 steps is ~500 steps, so `--estimate-steps` defaults to 500.
 
-Prints, and appends to benchmarks/RESULTS.md:
+Prints, and writes to benchmarks/RESULTS.md in place of this method's previous table:
 * seconds per 1,000 steps of every trained estimator (steady state: four 250-step chunks, each
   with its held-out evaluation), compile time of the chunk, achieved GFLOP/s (XLA's cost
   analysis) next to the machine's matmul peak;
@@ -33,7 +33,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
-from benchmarks.common import appends, brief_mark, cut, parse_args, publish, machine, matmul_peak, time_call, xla_flops  # pylint: disable=g-import-not-at-top
+from benchmarks.common import brief_mark, cut, parse_args, publish, machine, matmul_peak, time_call, xla_flops, writes_results  # pylint: disable=g-import-not-at-top
 from jaxlab.core import host  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.flow_mi import estimators  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.flow_mi import fitting  # pylint: disable=g-import-not-at-top
@@ -178,7 +178,7 @@ def main() -> None:
           "\nWhere one JVF training step goes (each part jitted alone, batch 256):\n\n"
           "| part | ms |\n|---|---|\n" +
           "".join(f"| {name} | {ms:.2f} |\n" for name, ms in profile))
-  publish([text], append=appends(args))
+  publish([text], "flow_mi", write=writes_results(args))
 
 
 if __name__ == "__main__":

@@ -4,10 +4,11 @@
 
 Prints steps/s and achieved GFLOP/s (XLA's cost analysis of the compiled update) of every quick
 variant next to this machine's matmul peak, and where one JetFormer step goes (flow forward, decoder
-forward, loss + gradient, optimiser), then appends the tables to benchmarks/RESULTS.md.
+forward, loss + gradient, optimiser), then writes the tables to benchmarks/RESULTS.md in place of
+this method's previous ones.
 
---brief (a GPU smoke check; never appends): every variant and part as above, on the quick preset
-(the smoke preset's smaller model compiles barely faster), timed over 5 steps instead of 50
+--brief (a GPU smoke check; never writes RESULTS.md): every variant and part as above, on the quick
+preset (the smoke preset's smaller model compiles barely faster), timed over 5 steps instead of 50
 (`--steps` given explicitly wins) and 3 calls per part instead of 30.
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
-from benchmarks.common import appends, brief_mark, cut, parse_args, publish, machine, matmul_peak, seconds_per_update, time_call  # pylint: disable=g-import-not-at-top
+from benchmarks.common import brief_mark, cut, parse_args, publish, machine, matmul_peak, seconds_per_update, time_call, writes_results  # pylint: disable=g-import-not-at-top
 from jaxlab.core import config as config_lib  # pylint: disable=g-import-not-at-top
 from jaxlab.core import host  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.jetformer import reproduction  # pylint: disable=g-import-not-at-top
@@ -110,7 +111,7 @@ def main() -> None:
           + "".join(rows)
           + "\nWhere one JetFormer step of one seed goes (each part jitted alone):\n\n"
           "| part | ms |\n|---|---|\n" + "".join(f"| {n} | {ms:.1f} |\n" for n, ms in parts))
-  publish([text], append=appends(args))
+  publish([text], "jetformer", write=writes_results(args))
 
 
 if __name__ == "__main__":

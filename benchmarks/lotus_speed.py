@@ -2,11 +2,11 @@
 
   python benchmarks/lotus_speed.py [--preset quick] [--no-append] [--brief]
 
---brief (a GPU smoke check; never appends): the smoke preset unless --preset is given (a 2-level,
-8-channel UNet on 16x16 images, batch 8: the smallest sizes, and a somewhat shorter compile than
-quick's), every step, variant and part as below, each timed over 2 calls instead of 3 to 5.
+--brief (a GPU smoke check; never writes RESULTS.md): the smoke preset unless --preset is given (a
+2-level, 8-channel UNet on 16x16 images, batch 8: the smallest sizes, and a somewhat shorter compile
+than quick's), every step, variant and part as below, each timed over 2 calls instead of 3 to 5.
 
-Prints, and appends to benchmarks/RESULTS.md:
+Prints, and writes to benchmarks/RESULTS.md in place of this method's previous table:
 * train steps/s of the prior and of each variant's fine-tuning step (batch of the preset), with
   XLA's FLOP count and the achieved GFLOP/s next to the machine's matmul peak;
 * inference images/s of each variant (multi-step: DDIM with the preset's steps; single-step: one
@@ -23,7 +23,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
-from benchmarks.common import appends, brief_mark, cut, publish, machine, matmul_peak, preset_command_line, time_call, train_step_row  # pylint: disable=g-import-not-at-top
+from benchmarks.common import brief_mark, cut, publish, machine, matmul_peak, preset_command_line, time_call, train_step_row, writes_results  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.lotus import training  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.lotus import variants  # pylint: disable=g-import-not-at-top
 
@@ -76,7 +76,7 @@ def main() -> None:
                "| part | ms |\n|---|---|\n")
   for name, fn, fn_args in parts:
     lines.append(f"| {name} | {1e3 * time_call(fn, *fn_args, repeats=cut(args, 5)):.1f} |\n")
-  publish(lines, append=appends(args))
+  publish(lines, "lotus", write=writes_results(args))
 
 
 if __name__ == "__main__":

@@ -9,12 +9,14 @@ downloaded) it instead times the official training beside ours on the reference 
 `neural_spacetimes_official_worker.py` runs the official `train` for 100 epochs per call in its own
 process under `--official-python` (with `torch==2.13.0 networkx matplotlib pydot` and Graphviz's
 `dot`), interleaved with our compiled 100-epoch chunk for `--rounds` rounds, for NST and Minkowski;
-it prints seconds per 100 epochs (medians), the median per-round speed-up and the load average.
+it prints seconds per 100 epochs (medians), the median per-round speed-up and the load average,
+and writes that table to benchmarks/RESULTS.md in place of the previous side-by-side one (a block
+of its own, "neural_spacetimes official", apart from the table of ours alone below).
 
---brief (a GPU smoke check; never appends): every model and replica count as below, each
+--brief (a GPU smoke check; never writes RESULTS.md): every model and replica count as below, each
 100-epoch chunk timed over 2 calls instead of 5, and the end-to-end fit of 500 epochs (one chunk)
-instead of 5,000 (`--epochs` given explicitly wins), so the distortion it reaches does not
-compare with the official 5,000-epoch figures.
+instead of 5,000 (`--epochs` given explicitly wins), so the distortion it reaches does not compare
+with the official 5,000-epoch figures.
 
 Reference setting (the issue's): synthetic metric type 1, 50 nodes, p = 0.9 (~1,100 edges), seed
 123, space and time dimension 2, encoder 10 x 100, quasi-metric and partial order of depth 4 and
@@ -23,7 +25,8 @@ PyTorch code on a 2-core CPU takes 5.4 s per 100 epochs (it encodes both endpoin
 node pairs per step) and reaches a mean distortion of 1.093 (std 0.24, max 3.75, directionality
 1.0) after 5,000 epochs.
 
-Prints, and appends to benchmarks/RESULTS.md:
+Without it, prints, and writes to benchmarks/RESULTS.md in place of this method's previous
+table of ours alone:
 * seconds per 100 epochs in steady state (one jitted 100-epoch scan, compile excluded), for one
   graph and per graph when several replicas train together (vmapped), for NST and the baselines;
 * one 5,000-epoch fit end to end (compile included) and the distortion it reaches;
@@ -42,7 +45,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
-from benchmarks.common import OfficialWorker, add_official_flags, appends, brief_mark, cut, parse_args, publish, machine, side_by_side, steps_per_second_for, time_call  # pylint: disable=g-import-not-at-top
+from benchmarks.common import OfficialWorker, add_official_flags, brief_mark, cut, parse_args, publish, machine, side_by_side, steps_per_second_for, time_call, writes_results  # pylint: disable=g-import-not-at-top
 from jaxlab.core import host  # pylint: disable=g-import-not-at-top
 from jaxlab.core import parallel  # pylint: disable=g-import-not-at-top
 from jaxlab.core import replicas  # pylint: disable=g-import-not-at-top
@@ -125,7 +128,8 @@ def main() -> None:
   mesh = parallel.make_mesh()
   graph = dags.synthetic_dag("type1", num_nodes=50, p=0.9, seed=SEED)
   if args.official is not None:
-    publish(side_by_side_lines(args, graph, mesh), append=appends(args))
+    publish(side_by_side_lines(args, graph, mesh), "neural_spacetimes official",
+            write=writes_results(args))
     return
   lines = [f"\n## neural_spacetimes full-batch training, {machine()}{brief_mark(args)}\n\n",
            f"Synthetic type 1, {graph.num_nodes} nodes, {graph.num_edges} edges, drawn by "
@@ -155,7 +159,7 @@ def main() -> None:
                "| metric | jaxlab | official |\n|---|---|---|\n")
   for name, value in final.items():
     lines.append(f"| {name} | {value:.3f} | {OFFICIAL_FINAL[name]} |\n")
-  publish(lines, append=appends(args))
+  publish(lines, "neural_spacetimes", write=writes_results(args))
 
 
 if __name__ == "__main__":

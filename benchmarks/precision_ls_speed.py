@@ -11,23 +11,26 @@ tqdm`), and each row alternates windows of ours and the official step for `--rou
 printing both medians, the median of the per-round ratios and the load average before each
 window. Rows: BaseConv, softmax attention with 1 head (the official model) and 4 heads, float32
 and float64, ours with and without microbatching; both sides time one step on a fixed batch.
+That table replaces the previous side-by-side one in benchmarks/RESULTS.md (a block of its own,
+"precision_ls official", apart from the table of ours alone below). It is the comparison with the
+official code: both sides measured on the same machine, in adjacent windows.
 
 Reference configuration (the paper's explicit-gradient setting): 3 layers, width 64, no MLP, no
 LayerNorm, d=5, n=20, batch 1024, Adam with the recipe (eps 1e-16, EMA filter). Prints steps/s and
 achieved GFLOP/s (XLA's cost analysis of the compiled step) for BaseConv (Toeplitz and FFT long
 convolution) and softmax attention, in float32 and float64, next to a jitted 2048x2048 matmul, and
-appends the table to benchmarks/RESULTS.md. The official PyTorch code on a 2-core CPU runs 5.3 / 3.2
-steps/s (BaseConv f32 / f64) and 13.0 / 5.5 (softmax f32 / f64); that machine's float32 matmul
-peak is about 470 GFLOP/s. "Ceiling" is the rate at which the step's FLOPs would run at this
-machine's matmul peak: no implementation can exceed it. "PyTorch here" is
-`precision_ls_torch_reference.py`, the same step in PyTorch on this machine (its last run is
-quoted; torch is not a jaxlab dependency). "Microbatch" rows compute the same batch-1024 gradient
-as 8 accumulated microbatches of 128 (`jaxlab/core/microbatch.py`): each microbatch's activations
-fit the 2 MiB of per-core L2 cache, which the whole batch's do not.
+writes the table to benchmarks/RESULTS.md in place of the previous table of ours alone.
+"Official (other machine)" is not measured here: it is the figure quoted in the issue for the
+official PyTorch code on another 2-core CPU, 5.3 / 3.2 steps/s (BaseConv f32 / f64) and 13.0 / 5.5
+(softmax f32 / f64), on a machine whose float32 matmul peak is about 470 GFLOP/s; `--official`
+measures the official step here instead. "Ceiling" is the rate at which the step's FLOPs would run
+at this machine's matmul peak: no implementation can exceed it. "Microbatch" rows compute the same
+batch-1024 gradient as 8 accumulated microbatches of 128 (`jaxlab/core/microbatch.py`): each
+microbatch's activations fit the 2 MiB of per-core L2 cache, which the whole batch's do not.
 
---brief (a GPU smoke check; never appends): every row as above, each step timed over 4 windows of
-1 step (`--steps 4`) on batch 256 (2 microbatches of 128) unless `--steps` / `--batch` are given,
-which win; the PyTorch and official columns stay the batch-1024 figures.
+--brief (a GPU smoke check; never writes RESULTS.md): every row as above, each step timed over 4
+windows of 1 step (`--steps 4`) on batch 256 (2 microbatches of 128) unless `--steps` / `--batch`
+are given, which win; the official (other machine) column stays the batch-1024 figures.
 """
 from __future__ import annotations
 
@@ -44,17 +47,16 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
-from benchmarks.common import SIDE_BY_SIDE_COLUMNS, OfficialWorker, add_official_flags, append_results, appends, brief_mark, cut, matmul_peak, parse_args, seconds_per_update, side_by_side, steps_per_second_for, versions  # pylint: disable=g-import-not-at-top
+from benchmarks.common import SIDE_BY_SIDE_COLUMNS, OfficialWorker, add_official_flags, brief_mark, cut, matmul_peak, parse_args, publish, seconds_per_update, side_by_side, steps_per_second_for, versions, writes_results  # pylint: disable=g-import-not-at-top
 from jaxlab.core import config as config_lib  # pylint: disable=g-import-not-at-top
 from jaxlab.core import host  # pylint: disable=g-import-not-at-top
 from jaxlab.data import least_squares  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.precision_ls import training  # pylint: disable=g-import-not-at-top
 
+# The official code's steps/s quoted in the issue, from another 2-core CPU (not measured here;
+# `--official DIR` times the official step on this machine).
 OFFICIAL_STEPS_PER_S = {("baseconv", "float32"): 5.3, ("baseconv", "float64"): 3.2,
                         ("softmax", "float32"): 13.0, ("softmax", "float64"): 5.5}
-# benchmarks/precision_ls_torch_reference.py on this project's 2-core machine, 2026-11-30.
-TORCH_HERE_STEPS_PER_S = {("baseconv", "float32"): 3.7, ("baseconv", "float64"): 2.2,
-                          ("softmax", "float32"): 8.7, ("softmax", "float64"): 3.1}
 
 
 def step_config(arch: str, conv_impl: str, precision: str, batch: int, microbatch: int = 0,
@@ -178,10 +180,7 @@ def main() -> None:
   args = parse_args(parser, steps=4, batch=256)
   host.tune_allocator()
   if args.official is not None:
-    table = side_by_side_table(args)
-    print(table)
-    if appends(args):
-      append_results(table)
+    publish([side_by_side_table(args)], "precision_ls official", write=writes_results(args))
     return
 
   with jax.enable_x64(True):
@@ -199,8 +198,7 @@ def main() -> None:
       key = (arch, precision)
       rows.append(
           f"| {arch} | {impl} | {microbatch or '-'} | {precision} | {steps_per_s:.1f} | "
-          f"{peak[precision] * 1e9 / flops:.0f} | {TORCH_HERE_STEPS_PER_S[key]:.1f} | "
-          f"{steps_per_s / TORCH_HERE_STEPS_PER_S[key]:.1f}x | {OFFICIAL_STEPS_PER_S[key]:.1f} | "
+          f"{peak[precision] * 1e9 / flops:.0f} | {OFFICIAL_STEPS_PER_S[key]:.1f} | "
           f"{steps_per_s / OFFICIAL_STEPS_PER_S[key]:.1f}x | {gflops:.1f} | "
           f"{100 * gflops / peak[precision]:.1f}% |\n")
 
@@ -211,13 +209,10 @@ def main() -> None:
             f"{peak['float64']:.0f} GFLOP/s float64. Steps/s: median of 4 windows of "
             f"{args.steps // 4} steps.\n\n"
             "| model | long conv | microbatch | dtype | steps/s | "
-            "ceiling (FLOPs at matmul peak) | PyTorch here | vs PyTorch here | "
-            "official (other machine) | vs official | GFLOP/s | % of matmul peak |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
-  table = header + "".join(rows)
-  print(table)
-  if appends(args):
-    append_results(table)
+            "ceiling (FLOPs at matmul peak) | official (other machine) | vs official | "
+            "GFLOP/s | % of matmul peak |\n"
+            "|---|---|---|---|---|---|---|---|---|---|\n")
+  publish([header, *rows], "precision_ls", write=writes_results(args))
 
 
 if __name__ == "__main__":

@@ -6,15 +6,15 @@ Setting: the quick preset (noisy digits, 500 training images, MLP 64-256-256-10,
 auditor's 10 classes x 3 folds of logistic attackers, 12 Newton steps), every seed and alpha of
 the quick sweep as replicas of one vmapped call (5 seeds x 8 alphas = 40), and one replica alone.
 
-Prints, and appends to benchmarks/RESULTS.md:
+Prints, and writes to benchmarks/RESULTS.md in place of this method's previous table:
 * seconds per unlearning epoch (steady state, compile excluded) of the whole SG epoch, of its
   retain pass alone and of its adversarial step alone (auditor fit + implicit gradient + update);
 * where the adversarial step's time goes (each part jitted alone): the scores' forward, the
   attackers' Newton solves, the utility with its implicit gradient;
 * achieved GFLOP/s (XLA's cost analysis) next to the machine's measured matmul peak.
 
---brief (a GPU smoke check; never appends): every row as above, each 5-epoch call timed once
-after its warm-up instead of 3 times, each profiled part over 3 calls instead of 20.
+--brief (a GPU smoke check; never writes RESULTS.md): every row as above, each 5-epoch call timed
+once after its warm-up instead of 3 times, each profiled part over 3 calls instead of 20.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 import numpy as np  # pylint: disable=g-import-not-at-top
 
-from benchmarks.common import appends, brief_mark, cut, parse_args, publish, machine, matmul_peak, time_call, xla_flops  # pylint: disable=g-import-not-at-top
+from benchmarks.common import brief_mark, cut, parse_args, publish, machine, matmul_peak, time_call, xla_flops, writes_results  # pylint: disable=g-import-not-at-top
 from jaxlab.core import config as config_lib  # pylint: disable=g-import-not-at-top
 from jaxlab.core import host  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.sg_unlearn import auditor  # pylint: disable=g-import-not-at-top
@@ -105,7 +105,7 @@ def main() -> None:
   for name, ms in profile(model, sg, replicas(config, splits, 1, [1.0]),
                           repeats=cut(args, 20, to=3)):
     lines.append(f"| {name} | {ms:.2f} |\n")
-  publish(lines, append=appends(args))
+  publish(lines, "sg_unlearn", write=writes_results(args))
 
 
 def one_replica(tree):
