@@ -3,7 +3,10 @@
 All four read the same statistics of a critic's score matrix S[i, j] = T(x_i, y_j): the joint
 scores S[i, i] and the log-sum-exp of each row over all columns and over the off-diagonal ones
 (pairs drawn from the product of marginals). `score_statistics` computes them row-block by
-row-block, so a whole test set (bmi evaluates on all of it) fits in memory.
+row-block, so a whole test set (bmi evaluates on all of it) fits in memory, and a training batch's
+backward pass recomputes each block instead of storing every pair's hidden activations: on a CPU
+the [256, 256, hidden] activations of a batch do not fit in cache, and moving them costs more
+than recomputing them (about 1.8x faster per step, 27 vmapped fits of 5x5 tasks).
 """
 from __future__ import annotations
 
@@ -22,8 +25,12 @@ class ScoreStatistics(NamedTuple):
   offdiag_logsumexp: jax.Array   # [N] log sum_{j != i} exp S[i, j]
 
 
+# Rows per block: [16, 256, hidden] activations stay in a CPU core's cache.
+ROW_BLOCK = 16
+
+
 def score_statistics(pairwise: PairwiseScores, x: jax.Array, y: jax.Array,
-                     row_block: int = 256) -> ScoreStatistics:
+                     row_block: int = ROW_BLOCK) -> ScoreStatistics:
   n = x.shape[0]
 
   def row(args):
@@ -33,8 +40,10 @@ def score_statistics(pairwise: PairwiseScores, x: jax.Array, y: jax.Array,
     offdiag = jax.nn.logsumexp(jnp.where(is_joint, -jnp.inf, scores))
     return scores[i], jax.nn.logsumexp(scores), offdiag
 
-  # lax.map vmaps `row` over blocks of rows: memory O(row_block * N), not O(N^2).
-  joint, lse, off = jax.lax.map(row, (x, jnp.arange(n)), batch_size=min(row_block, n))
+  # lax.map vmaps `row` over blocks of rows: memory O(row_block * N), not O(N^2); the
+  # checkpoint makes the backward pass recompute a block's activations (see the docstring).
+  joint, lse, off = jax.lax.map(jax.checkpoint(row), (x, jnp.arange(n)),
+                                batch_size=min(row_block, n))
   return ScoreStatistics(joint, lse, off)
 
 
