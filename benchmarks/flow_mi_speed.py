@@ -1,6 +1,14 @@
 """Training speed of the flow_mi estimators, end-to-end `estimate` time, and a step profile.
 
   python benchmarks/flow_mi_speed.py [--estimate-steps 500] [--no-append] [--brief]
+  python benchmarks/flow_mi_speed.py --official DIR --official-python PATH [--rounds 5] [--window 5]
+
+--official DIR (a local checkout of calebdahlke/FlowMI; nothing is downloaded) times the official
+JVF and NVF training loops beside ours instead, interleaved, in the official code's own pinned
+environment (`benchmarks/flow_mi_official_worker.py` says which entry point and how to build the
+environment): ours is the compiled 250-step chunk with its held-out evaluation, theirs the
+estimator's training loop timed by its own `Run Time` (a held-out evaluation every 250 steps too).
+The table goes to the "flow_mi official" block of RESULTS.md.
 
 --brief (a GPU smoke check; never writes RESULTS.md): every estimator timed over one 250-step chunk
 instead of four (scaled to 1,000 steps), `--estimate-steps` 250 unless given (one chunk), the step
@@ -24,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+import statistics
 import subprocess
 import sys
 import time
@@ -33,12 +42,14 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
-from benchmarks.common import brief_mark, cut, parse_args, publish, machine, matmul_peak, time_call, xla_flops, writes_results  # pylint: disable=g-import-not-at-top
+from benchmarks.common import OfficialWorker, add_official_flags, brief_mark, cut, parse_args, publish, machine, matmul_peak, side_by_side, steps_per_second_for, time_call, xla_flops, writes_results  # pylint: disable=g-import-not-at-top
 from jaxlab.core import host  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.flow_mi import estimators  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.flow_mi import fitting  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.flow_mi import tasks  # pylint: disable=g-import-not-at-top
 
+WORKER = pathlib.Path(__file__).resolve().parent / "flow_mi_official_worker.py"
+CHUNK = 250
 TASK = "dense-5x5"
 NUM_SAMPLES = 10_000
 OFFICIAL_PER_1000 = {"jvf": 34.0, "nvf": 36.0}
@@ -92,6 +103,52 @@ def step_flops(trainable: fitting.Trainable, data: fitting.FitData) -> float:
 def eval_flops(trainable: fitting.Trainable, data: fitting.FitData) -> float:
   params = trainable.model.init(jax.random.key(0))
   return xla_flops(trainable.test_metrics, params, data.x_test[0], data.y_test[0])
+
+
+def chunk_runner(method: str, data: fitting.FitData):
+  """A call that runs our next 250-step chunk (training and its held-out evaluation), compiled."""
+  trainable = estimators.trainable(method, 5, 5, OPTIONS)
+  schedule = OPTIONS.schedule()
+  chunk = fitting.chunk_function(trainable, schedule)
+  keys = jax.random.split(jax.random.key(0), 1)
+  state = fitting._init_function(trainable, schedule)(keys)  # pylint: disable=protected-access
+  begin = 0
+
+  def call():
+    nonlocal state, begin
+    state, metrics = chunk(state, data, keys, jnp.asarray(begin), jnp.asarray(begin + CHUNK))
+    begin += CHUNK
+    return metrics
+  jax.block_until_ready(call())   # compiles
+  return call
+
+
+def side_by_side_lines(args, data: fitting.FitData) -> list[str]:
+  rows, info = [], {}
+  for method in ("jvf", "nvf"):
+    worker = OfficialWorker(args.official_python or sys.executable, WORKER,
+                            f"--official={args.official}", f"--method={method}")
+    try:
+      info = worker.info
+      ours = chunk_runner(method, data)
+      result = side_by_side(lambda s: CHUNK * steps_per_second_for(ours, s),
+                            worker.steps_per_second, rounds=args.rounds, window=args.window)
+    finally:
+      worker.close()
+    ours_s = 1000 / statistics.median(result.ours)
+    official_s = 1000 / statistics.median(result.official)
+    rows.append(f"| {method} | {ours_s:.1f} | {official_s:.1f} | {result.ratio:.1f}x | "
+                f"{min(result.loads):.1f}-{max(result.loads):.1f} |\n")
+    print(rows[-1], end="", flush=True)
+  return [f"\n## flow_mi beside the official code, {machine()}, official in jax "
+          f"{info.get('jax')}{brief_mark(args)}\n\n",
+          f"{TASK}, N = {NUM_SAMPLES}, batch 256, one MAF RQ-spline layer (width 8, depth 2, 128 "
+          f"bins), a held-out evaluation every 250 steps. Official: `{args.official}`, its "
+          "`JointVariationalEstimator` / `NeuralVariationalEstimator` training loop as its own "
+          "`Run Time` measures it (`benchmarks/flow_mi_official_worker.py`); "
+          f"{args.rounds} rounds of {args.window:g} s windows, ours then official.\n\n",
+          "| estimator | jaxlab s / 1,000 steps | official s / 1,000 steps | speed-up (median of "
+          "rounds) | load before windows |\n|---|---|---|---|---|\n", *rows]
 
 
 def bench_estimate(method: str, steps: int) -> tuple[float, float]:
@@ -149,8 +206,13 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--estimate-steps", type=int, default=500)
   parser.add_argument("--no-append", action="store_true")
+  add_official_flags(parser)
   args = parse_args(parser, estimate_steps=250)
   host.tune_allocator()
+  if args.official is not None:
+    publish(side_by_side_lines(args, reference_data()), "flow_mi official",
+            write=writes_results(args))
+    return
   peak = matmul_peak(jnp.float32, repeats=cut(args, 10))
   data = reference_data()
   rows = []
