@@ -9,8 +9,8 @@ under the stochastic white-box (EOT 4) and the Deterministic White-Box, on 30 di
 purification seeds. results/diffusion_purification.json says whether most of the
 purification's robustness gain disappears under DW-box and whether ADDT raises both; `long`
 (results/diffusion_purification_long.json) decides them on 180 digits, with ADDT without RBGM
-too, and checks that the
-DW-box attack has converged (PGD-20 vs PGD-100). Discussed in jaxlab/methods/diffusion_purification/README.md.
+too, and checks that the DW-box attack has converged (PGD-20 vs PGD-100). Discussed in
+jaxlab/methods/diffusion_purification/README.md.
 
 Presets: smoke (tests, seconds), quick (the CPU reproduction), long (the quick setting on 180
 digits with twice the training, where the claims are decided; about an hour), paper (the paper's settings on
