@@ -1,7 +1,7 @@
 """lotus: diffusion-based dense prediction, single-step x0 prediction (ICLR 2025).
 
 COMMAND: python -m experiments.lotus --config=configs/lotus.py:quick
-EXPECTED (quick, 2 CPU cores, ~30 min, over its 20-minute target: see the README): a small UNet
+EXPECTED (quick, 2 CPU cores, ~20 min): a small UNet
 pretrained as an eps-diffusion prior on procedural 32x32 scenes, then fine-tuned for depth and
 normals as the five variants of the paper's analysis (eps/x0, multi/single step, Lotus-D, detail
 preserver); results/lotus.json says which of the claims (x0 beats eps; single step as accurate
