@@ -11,6 +11,7 @@ import platform
 import re
 import statistics
 import subprocess
+import sys
 import time
 from typing import Callable, Sequence
 
@@ -244,6 +245,20 @@ class SideBySide:
     """The median over rounds of ours / official (each round's two windows are adjacent)."""
     return statistics.median(o / f for o, f in zip(self.ours, self.official))
 
+  @property
+  def load_range(self) -> str:
+    return f"{min(self.loads):.1f}-{max(self.loads):.1f}"
+
+  def seconds_row(self, label: str, steps: float, digits: tuple[int, int] = (1, 1)) -> str:
+    """A table row: label, our and the official median seconds per `steps` steps (with
+    `digits` decimals), the ratio, the loads; printed as it is made (a long run shows progress)."""
+    ours = steps / statistics.median(self.ours)
+    official = steps / statistics.median(self.official)
+    row = (f"| {label} | {ours:.{digits[0]}f} | {official:.{digits[1]}f} | {self.ratio:.1f}x | "
+           f"{self.load_range} |\n")
+    print(row, end="", flush=True)
+    return row
+
   def row_cells(self) -> str:
     return (f"{statistics.median(self.ours):.2f} | {statistics.median(self.official):.2f} | "
             f"{self.ratio:.2f}x | {min(self.loads):.1f}-{max(self.loads):.1f}")
@@ -264,6 +279,22 @@ def side_by_side(ours: Callable[[float], float], official: Callable[[float], flo
       result.loads.append(os.getloadavg()[0])
       out.append(timer(window))
   return result
+
+
+def beside_official(args: argparse.Namespace, worker_script: pathlib.Path,
+                    worker_args: Sequence[str], make_ours: Callable[[], Callable[[float], float]]
+                    ) -> tuple[SideBySide, dict]:
+  """Starts the official worker (`--official`, `--official-python`, then `worker_args`), builds
+  our timer (`make_ours()`: seconds -> steps/s, compiled before the first window), alternates
+  their windows for `--rounds` rounds and stops the worker. Returns (result, the worker's info)."""
+  worker = OfficialWorker(args.official_python or sys.executable, worker_script,
+                          f"--official={args.official}", *worker_args)
+  try:
+    ours = make_ours()
+    result = side_by_side(ours, worker.steps_per_second, rounds=args.rounds, window=args.window)
+    return result, worker.info
+  finally:
+    worker.close()
 
 
 def versions(extra: Sequence[str] = ()) -> str:

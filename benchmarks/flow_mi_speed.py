@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import pathlib
-import statistics
 import subprocess
 import sys
 import time
@@ -42,7 +41,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
-from benchmarks.common import OfficialWorker, add_official_flags, brief_mark, cut, parse_args, publish, machine, matmul_peak, side_by_side, steps_per_second_for, time_call, xla_flops, writes_results  # pylint: disable=g-import-not-at-top
+from benchmarks.common import add_official_flags, beside_official, brief_mark, cut, parse_args, publish, machine, matmul_peak, steps_per_second_for, time_call, xla_flops, writes_results  # pylint: disable=g-import-not-at-top
 from jaxlab.core import host  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.flow_mi import estimators  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.flow_mi import fitting  # pylint: disable=g-import-not-at-top
@@ -126,20 +125,11 @@ def chunk_runner(method: str, data: fitting.FitData):
 def side_by_side_lines(args, data: fitting.FitData) -> list[str]:
   rows, info = [], {}
   for method in ("jvf", "nvf"):
-    worker = OfficialWorker(args.official_python or sys.executable, WORKER,
-                            f"--official={args.official}", f"--method={method}")
-    try:
-      info = worker.info
+    def make_ours(method=method):
       ours = chunk_runner(method, data)
-      result = side_by_side(lambda s: CHUNK * steps_per_second_for(ours, s),
-                            worker.steps_per_second, rounds=args.rounds, window=args.window)
-    finally:
-      worker.close()
-    ours_s = 1000 / statistics.median(result.ours)
-    official_s = 1000 / statistics.median(result.official)
-    rows.append(f"| {method} | {ours_s:.1f} | {official_s:.1f} | {result.ratio:.1f}x | "
-                f"{min(result.loads):.1f}-{max(result.loads):.1f} |\n")
-    print(rows[-1], end="", flush=True)
+      return lambda seconds: CHUNK * steps_per_second_for(ours, seconds)
+    result, info = beside_official(args, WORKER, [f"--method={method}"], make_ours)
+    rows.append(result.seconds_row(method, 1000))
   return [f"\n## flow_mi beside the official code, {machine()}, official in jax "
           f"{info.get('jax')}{brief_mark(args)}\n\n",
           f"{TASK}, N = {NUM_SAMPLES}, batch 256, one MAF RQ-spline layer (width 8, depth 2, 128 "

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import pathlib
-import statistics
 import sys
 import time
 
@@ -45,7 +44,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
-from benchmarks.common import OfficialWorker, add_official_flags, brief_mark, cut, parse_args, publish, machine, side_by_side, steps_per_second_for, time_call, writes_results  # pylint: disable=g-import-not-at-top
+from benchmarks.common import add_official_flags, beside_official, brief_mark, cut, parse_args, publish, machine, steps_per_second_for, time_call, writes_results  # pylint: disable=g-import-not-at-top
 from jaxlab.core import host  # pylint: disable=g-import-not-at-top
 from jaxlab.core import parallel  # pylint: disable=g-import-not-at-top
 from jaxlab.core import replicas  # pylint: disable=g-import-not-at-top
@@ -94,19 +93,11 @@ def side_by_side_lines(args, graph: dags.WeightedDag, mesh) -> list[str]:
   """Our 100-epoch chunk and the official `train` for 100 epochs, interleaved, per model."""
   rows, info = [], {}
   for kind, official_kind in (("nst", "nst"), ("minkowski", "min")):
-    worker = OfficialWorker(args.official_python or sys.executable, WORKER,
-                            f"--official={args.official}", f"--model={official_kind}")
-    try:
-      info = worker.info
+    def make_ours(kind=kind):
       ours, _ = chunk_call(models.SpacetimeSpec(kind, 2), graph, 1, mesh)
-      result = side_by_side(lambda s: steps_per_second_for(ours, s), worker.steps_per_second,
-                            rounds=args.rounds, window=args.window)
-    finally:
-      worker.close()
-    ours_s, official_s = 1 / statistics.median(result.ours), 1 / statistics.median(result.official)
-    rows.append(f"| {kind} | {ours_s:.3f} | {official_s:.2f} | {result.ratio:.1f}x | "
-                f"{min(result.loads):.1f}-{max(result.loads):.1f} |\n")
-    print(rows[-1], end="", flush=True)
+      return lambda seconds: steps_per_second_for(ours, seconds)
+    result, info = beside_official(args, WORKER, [f"--model={official_kind}"], make_ours)
+    rows.append(result.seconds_row(kind, 1, digits=(3, 2)))
   return [f"\n## neural_spacetimes beside the official code, {machine()}, torch "
           f"{info.get('torch')} ({info.get('threads')} threads){brief_mark(args)}\n\n",
           f"Synthetic type 1, 50 nodes, dimension 2, full batch ({info.get('pairs')} pairs in "
