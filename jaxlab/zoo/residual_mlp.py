@@ -5,7 +5,9 @@ spatial structure worth convolving (tiny images flattened, tabular data, low-dim
 (Linear -> SiLU -> Linear) of `sinusoidal_embedding(t, width)`; each of `num_blocks` residual
 blocks computes LayerNorm -> SiLU -> Linear, adds its own projection of SiLU(embedding), then
 LayerNorm -> SiLU -> Linear, and adds the result to its input; the output is LayerNorm -> SiLU ->
-a zero-initialised Linear, so a fresh model predicts exactly 0 (as the UNet does).
+a zero-initialised Linear, so a fresh model predicts exactly 0 (as the UNet does). With
+`num_embeddings` set, a learned embedding of an integer `label` is added to the time embedding,
+as in the UNet (`unet.add_label_embedding` gives pretrained params a zero label table).
 
 On a CPU the whole network is a few dense matmuls, which run near the machine's matmul peak,
 while 3x3 convolutions on 8x8 feature maps run at a fraction of it.
@@ -18,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxlab.zoo.mlp import MLP
+from jaxlab.zoo.unet import add_label
 from jaxlab.zoo.unet import sinusoidal_embedding
 
 
@@ -37,28 +40,34 @@ class _Block(nnx.Module):
 
 
 class ResidualMLP(nnx.Module):
-  """Denoiser-shaped MLP `(x [B, in_features], t [B] or scalar) -> [B, out_features]`."""
+  """Denoiser-shaped MLP `(x [B, in_features], t [B] or scalar, label [B] | None) ->
+  [B, out_features]`."""
 
   def __init__(self, *, in_features: int, out_features: int, width: int = 256,
-               num_blocks: int = 3, rngs: nnx.Rngs):
+               num_blocks: int = 3, num_embeddings: int | None = None, rngs: nnx.Rngs):
     if width < 2 or num_blocks < 1:
       raise ValueError(f"need width >= 2 and num_blocks >= 1, got {width}, {num_blocks}")
+    if num_embeddings is not None and num_embeddings < 1:
+      raise ValueError(f"num_embeddings must be positive or None, got {num_embeddings}")
     self.in_features, self.width = in_features, width
     self.input_projection = nnx.Linear(in_features, width, rngs=rngs)
     self.time_mlp = MLP([width, width, width], activation="silu", rngs=rngs)
+    self.label_embedding = (nnx.Embed(num_embeddings, width, rngs=rngs)
+                            if num_embeddings is not None else None)
     self.blocks = nnx.List([_Block(width, rngs=rngs) for _ in range(num_blocks)])
     self.output_norm = nnx.LayerNorm(width, rngs=rngs)
     self.output_projection = nnx.Linear(width, out_features, kernel_init=nnx.initializers.zeros,
                                         rngs=rngs)
 
-  def __call__(self, x: jax.Array, t: jax.Array) -> jax.Array:
+  def __call__(self, x: jax.Array, t: jax.Array, label: jax.Array | None = None) -> jax.Array:
     if x.ndim != 2 or x.shape[-1] != self.in_features:
       raise ValueError(f"expected x of shape [B, {self.in_features}], got {x.shape}")
     t = jnp.asarray(t)
     if t.ndim == 0:
       t = jnp.broadcast_to(t, x.shape[:1])
     chex.assert_shape(t, x.shape[:1])
-    embedding = self.time_mlp(sinusoidal_embedding(t, self.width))
+    embedding = add_label(self.time_mlp(sinusoidal_embedding(t, self.width)),
+                          self.label_embedding, label, t, "ResidualMLP")
     h = self.input_projection(x)
     for block in self.blocks:
       h = block(h, embedding)

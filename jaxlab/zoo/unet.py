@@ -215,16 +215,7 @@ class UNet(nnx.Module):
   def embed(self, t: jax.Array, label: jax.Array | None) -> jax.Array:
     """Timesteps [B] (and labels [B]) -> the conditioning embedding [B, 4 * base_channels]."""
     embedding = self.time_mlp(sinusoidal_embedding(t, self.base_channels))
-    if self.label_embedding is None:
-      if label is not None:
-        raise ValueError("this UNet has no label embedding (num_embeddings=None); "
-                         "do not pass a label")
-      return embedding
-    if label is None:
-      raise ValueError(f"this UNet embeds labels (num_embeddings={self.num_embeddings}); "
-                       "pass label, an int array of shape [B]")
-    chex.assert_equal_shape([label, t])
-    return embedding + self.label_embedding(label)
+    return add_label(embedding, self.label_embedding, label, t, "UNet")
 
   def __call__(self, x: jax.Array, t: jax.Array, label: jax.Array | None = None) -> jax.Array:
     """x [B, H, W, in_channels], t [B] (or a scalar, shared) -> [B, H, W, out_channels]."""
@@ -262,6 +253,40 @@ class UNet(nnx.Module):
       if i < self.num_levels - 1:
         h = self.upsamples[i](h)
     return self.output_conv(jax.nn.silu(self.output_norm(h)))
+
+
+def add_label(embedding: jax.Array, label_embedding: nnx.Embed | None,
+              label: jax.Array | None, t: jax.Array, network: str) -> jax.Array:
+  """The time embedding plus the label's (a network built with `num_embeddings`), checking that
+  a label is passed exactly when the network embeds labels."""
+  if label_embedding is None:
+    if label is not None:
+      raise ValueError(f"this {network} has no label embedding (num_embeddings=None); "
+                       "do not pass a label")
+    return embedding
+  if label is None:
+    raise ValueError(f"this {network} embeds labels (num_embeddings="
+                     f"{label_embedding.num_embeddings}); pass label, an int array of shape [B]")
+  chex.assert_equal_shape([label, t])
+  return embedding + label_embedding(label)
+
+
+def add_label_embedding(params: dict, num_labels: int) -> dict:
+  """Params of a network without labels -> those of the same network built with
+  `num_embeddings = num_labels + 1`, whose label table is zero: on any label it computes exactly
+  what `params` computes. The last row is the null label ("no condition"), as classifier-free
+  guidance and fine-tuning for control use it. Works for `UNet` and `ResidualMLP` params (both
+  add the label's embedding to the output of `time_mlp`)."""
+  if "label_embedding" in params:
+    raise ValueError("these params already have a label embedding")
+  if num_labels < 1:
+    raise ValueError(f"num_labels must be at least 1, got {num_labels}")
+  layers = params["time_mlp"]["layers"]
+  width = layers[max(layers)]["kernel"].shape[-1]
+  dtype = layers[max(layers)]["kernel"].dtype
+  labelled = dict(params)
+  labelled["label_embedding"] = {"embedding": jnp.zeros((num_labels + 1, width), dtype)}
+  return labelled
 
 
 def widen_input_channels(params: dict, new_in_channels: int) -> dict:

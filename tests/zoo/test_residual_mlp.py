@@ -6,6 +6,7 @@ import pytest
 
 from jaxlab.zoo import functional
 from jaxlab.zoo import residual_mlp
+from jaxlab.zoo import unet
 
 
 def make(width=16, blocks=2):
@@ -34,3 +35,40 @@ def test_wrong_input_width_is_rejected():
   model = make()
   with pytest.raises(ValueError, match=r"\[B, 6\]"):
     model.apply(model.init(jax.random.key(0)), jnp.zeros((2, 5)), jnp.zeros((2,), jnp.int32))
+
+
+def test_label_embedding_is_required_exactly_when_built_with_one():
+  labelled = functional.Functional(lambda rngs: residual_mlp.ResidualMLP(
+      in_features=4, out_features=4, width=8, num_blocks=1, num_embeddings=3, rngs=rngs))
+  params = labelled.init(jax.random.key(0))
+  x, t = jnp.ones((2, 4)), jnp.array([1, 2])
+  assert labelled.apply(params, x, t, jnp.array([0, 2])).shape == (2, 4)
+  with pytest.raises(ValueError, match="embeds labels"):
+    labelled.apply(params, x, t)
+  plain = functional.Functional(lambda rngs: residual_mlp.ResidualMLP(
+      in_features=4, out_features=4, width=8, num_blocks=1, rngs=rngs))
+  with pytest.raises(ValueError, match="has no label embedding"):
+    plain.apply(plain.init(jax.random.key(0)), x, t, jnp.array([0, 1]))
+
+
+def test_add_label_embedding_keeps_a_pretrained_networks_output_for_every_label():
+  def build(num_embeddings):
+    return functional.Functional(lambda rngs: residual_mlp.ResidualMLP(
+        in_features=4, out_features=4, width=8, num_blocks=1, num_embeddings=num_embeddings,
+        rngs=rngs))
+  pretrained = build(None)
+  # Perturbed so the zero-initialised output layer does not hide the embedding's effect.
+  params = jax.tree.map(lambda p: p + 0.1, pretrained.init(jax.random.key(0)))
+  widened = unet.add_label_embedding(params, num_labels=10)
+  assert widened["label_embedding"]["embedding"].shape == (11, 8)   # the last row: null label
+  labelled = build(11)
+  x = jax.random.normal(jax.random.key(1), (11, 4))
+  t = jnp.arange(11)
+  expected = jax.jit(pretrained.apply)(params, x, t)
+  apply = jax.jit(labelled.apply)
+  np.testing.assert_allclose(apply(widened, x, t, jnp.arange(11)), expected, rtol=1e-6, atol=1e-7)
+  # A trained (nonzero) table does change it: the check above can fail.
+  trained = dict(widened, label_embedding={"embedding": jnp.ones((11, 8))})
+  assert not np.allclose(apply(trained, x, t, jnp.arange(11)), expected)
+  with pytest.raises(ValueError, match="already have"):
+    unet.add_label_embedding(widened, 10)
