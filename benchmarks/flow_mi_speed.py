@@ -63,13 +63,19 @@ def reference_data() -> fitting.FitData:
   return jax.tree.map(lambda a: a[None], split)
 
 
-def bench_training(method: str, data: fitting.FitData, chunks: int = 4) -> dict[str, float]:
-  """Seconds per 1,000 steps (timed over `chunks` 250-step chunks), compile seconds, GFLOP/s."""
+def chunk_setup(method: str):
+  """(trainable, the compiled-on-first-call chunk function, keys, initial state) of one seed."""
   trainable = estimators.trainable(method, 5, 5, OPTIONS)
   schedule = OPTIONS.schedule()
   chunk = fitting.chunk_function(trainable, schedule)
   keys = jax.random.split(jax.random.key(0), 1)
   state = jax.block_until_ready(fitting._init_function(trainable, schedule)(keys))  # pylint: disable=protected-access
+  return trainable, chunk, keys, state
+
+
+def bench_training(method: str, data: fitting.FitData, chunks: int = 4) -> dict[str, float]:
+  """Seconds per 1,000 steps (timed over `chunks` 250-step chunks), compile seconds, GFLOP/s."""
+  trainable, chunk, keys, state = chunk_setup(method)
   args = (state, data, keys, jnp.asarray(0), jnp.asarray(250))
   start = time.perf_counter()
   chunk.lower(*args).compile()
@@ -106,11 +112,7 @@ def eval_flops(trainable: fitting.Trainable, data: fitting.FitData) -> float:
 
 def chunk_runner(method: str, data: fitting.FitData):
   """A call that runs our next 250-step chunk (training and its held-out evaluation), compiled."""
-  trainable = estimators.trainable(method, 5, 5, OPTIONS)
-  schedule = OPTIONS.schedule()
-  chunk = fitting.chunk_function(trainable, schedule)
-  keys = jax.random.split(jax.random.key(0), 1)
-  state = fitting._init_function(trainable, schedule)(keys)  # pylint: disable=protected-access
+  _, chunk, keys, state = chunk_setup(method)
   begin = 0
 
   def call():

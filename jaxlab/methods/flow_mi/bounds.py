@@ -6,7 +6,7 @@ scores S[i, i] and the log-sum-exp of each row over all columns and over the off
 row-block, so a whole test set (bmi evaluates on all of it) fits in memory, and a training batch's
 backward pass recomputes each block instead of storing every pair's hidden activations: on a CPU
 the [256, 256, hidden] activations of a batch do not fit in cache, and moving them costs more
-than recomputing them (about 1.8x faster per step, 27 vmapped fits of 5x5 tasks).
+than recomputing them (InfoNCE on 27 vmapped 5x5 fits: 292 instead of 381 ms per step).
 """
 from __future__ import annotations
 

@@ -203,7 +203,8 @@ def make_experiment(config: ml_collections.ConfigDict, *, variant: str | None = 
     return ({"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state},
             {"loss": value, **metrics})
 
-  return train_loop.Experiment(init=init, update=update, train_data=_data_fns(config, task if variant is not None else None))
+  data_task = None if variant is None else task   # the prior trains on the images alone
+  return train_loop.Experiment(init=init, update=update, train_data=_data_fns(config, data_task))
 
 
 def predictor(config: ml_collections.ConfigDict, variant_name: str):
