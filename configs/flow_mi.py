@@ -43,8 +43,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       mine_decay=0.9))
   c.train.update(dict(steps=10_000, batch_size=256, log_every=250, eval_every=250,
                       ckpt_every=2_500))
-  # NVF/NVG's own step budget (None: train.steps).
+  # NVF/NVG's own step budget (None: train.steps), on the tasks named in nv_steps_tasks.
   c.train.nv_steps = ml_collections.config_dict.placeholder(int)
+  c.train.nv_steps_tasks = "all"
   c.data = ml_collections.ConfigDict(dict(
       num_samples=5000, train_fraction=0.5, num_seeds=3, tasks="all", estimators="all",
       data_dir=ml_collections.config_dict.placeholder(str)))
@@ -61,6 +62,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # 29 tasks x 3 seeds x 7 trained estimators is ~600 fits.
     c.train.update(dict(steps=600, eval_every=100, ckpt_every=300))
     c.model.num_bins = 32
+    # NVF / NVG need the official large-MI budget where the MI is large (see the README).
+    c.train.update(dict(nv_steps=3_000, nv_steps_tasks=",".join(LARGE_MI_GAUSSIANS)))
   elif preset == "smoke":
     c.data.update(dict(num_samples=400, num_seeds=2,
                        tasks="gaussian-5x5-rho0.95,cube-gaussian-5x5-rho0.95",
@@ -72,7 +75,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                        num_samples=128, oracle_samples=32, steps=4, eval_every=2))
   if arg.ablation in NV_ABLATIONS:
     c.data.update(dict(tasks=",".join(LARGE_MI_GAUSSIANS), estimators="nvf"))
-    c.train.nv_steps = 3_000
+    c.train.update(dict(nv_steps=3_000, nv_steps_tasks="all"))
     c.boed.enabled = False
     if arg.ablation == "nv_large_mi_wide_heads":
       c.model.head_hidden = (64, 64)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Any
+import time
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -57,6 +58,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   config_lib.require(config.data.num_seeds >= 1, "data.num_seeds", "must be at least 1")
   config_lib.require(config.boed.method in estimators.ALL_METHODS, "boed.method",
                      f"choose one of {', '.join(estimators.ALL_METHODS)}")
+  nv_long_tasks(config)
 
 
 def task_data(config: ml_collections.ConfigDict, task: tasks_lib.Task) -> fitting.FitData:
@@ -86,50 +88,84 @@ def groups_by_shape(task_names: list[str]) -> dict[tuple[int, int], list[str]]:
   return groups
 
 
+def nv_long_tasks(config: ml_collections.ConfigDict) -> list[str]:
+  """The tasks on which NVF / NVG train for `train.nv_steps` (the rest: `train.steps`)."""
+  if config.train.nv_steps is None:
+    return []
+  return config_lib.select_names(config, "train.nv_steps_tasks", tasks_lib.TASKS)
+
+
 def estimate_group(config: ml_collections.ConfigDict, shape: tuple[int, int], method: str,
-                   data: fitting.FitData, workdir: str) -> tuple[np.ndarray, float]:
+                   data: fitting.FitData, workdir: str, *, nv_steps: int | None = None,
+                   label: str = "") -> tuple[np.ndarray, float]:
   """Estimates of one estimator on a stack of datasets of one shape ([tasks x seeds]).
 
   Trained estimators fit every dataset of the group at once (the per-step cost on a CPU is mostly
   fixed overhead, so 27 small fits in one vmap cost a few times one fit) and resume from
-  `<workdir>/<dx>x<dy>/<method>`. Returns (estimates, training seconds of earlier invocations
-  that this one resumed).
+  `<workdir>/<dx>x<dy><label>/<method>`; `nv_steps` is the NV family's step budget (None:
+  `train.steps`). Returns (estimates, training seconds of earlier invocations that this one
+  resumed).
   """
-  options = options_from_config(config)
+  options = dataclasses.replace(options_from_config(config), nv_steps=nv_steps)
   if method in estimators.CLOSED_FORM:
     return estimators.closed_form(method, data, options), 0.0
   num_datasets = data.x_train.shape[0]
   keys = jax.random.split(jax.random.key(config.seed), num_datasets)
   trainable = estimators.trainable(method, shape[0], shape[1], options)
-  group = f"{shape[0]}x{shape[1]}"
+  group = f"{shape[0]}x{shape[1]}{label}"
   result = fitting.fit(trainable, data, keys, options.schedule(method),
                        workdir=os.path.join(workdir, group, method), desc=f"{group}/{method}",
                        progress=config.train.progress)
   return result.best_mi, result.earlier_s
 
 
-def run_benchmark(config: ml_collections.ConfigDict, workdir: str
-                  ) -> tuple[dict[str, dict[str, list[float]]], float]:
-  """({task: {estimator: [estimate per seed]}}, training seconds of resumed earlier runs)."""
+class Benchmark(NamedTuple):
+  estimates: dict[str, dict[str, list[float]]]   # {task: {estimator: [estimate per seed]}}
+  earlier_s: float                               # training seconds of resumed earlier runs
+  seconds: dict[str, float]                      # {"<dx>x<dy>[-nv_long]/<estimator>": wall s}
+
+
+def fit_batches(config: ml_collections.ConfigDict, names: list[str], method: str
+                ) -> list[tuple[list[str], int | None, str]]:
+  """How one shape group's tasks are fitted by `method`: [(tasks, nv_steps, workdir label)].
+
+  One batch, except that the NV family fits the `nv_long_tasks` of the group as a second batch
+  with its own step budget (a vmapped fit runs every dataset for the same number of steps).
+  """
+  long = set(nv_long_tasks(config)) if method in estimators.NV_METHODS else set()
+  if not long & set(names):
+    return [(names, None, "")]
+  if long >= set(names):
+    return [(names, config.train.nv_steps, "")]
+  return [([n for n in names if n not in long], None, ""),
+          ([n for n in names if n in long], config.train.nv_steps, "-nv_long")]
+
+
+def run_benchmark(config: ml_collections.ConfigDict, workdir: str) -> Benchmark:
   chosen = selected_estimators(config)
   num_seeds = config.data.num_seeds
   out: dict[str, dict[str, list[float]]] = {}
+  seconds: dict[str, float] = {}
   earlier_s = 0.0
   groups = groups_by_shape(selected_tasks(config))
   for shape in metrics_lib.progress_iter(list(groups), "task shapes",
                                          enabled=config.train.progress):
     names = groups[shape]
-    per_task = [task_data(config, tasks_lib.get_task(name)) for name in names]
-    data = jax.tree.map(lambda *a: jnp.concatenate(a), *per_task)
+    data_of = {name: task_data(config, tasks_lib.get_task(name)) for name in names}
     for name in names:
       out[name] = {}
     for method in chosen:
-      values, resumed_s = estimate_group(config, shape, method, data, workdir)
-      values = np.asarray(values, float)
-      earlier_s += resumed_s
-      for i, name in enumerate(names):
-        out[name][method] = values[i * num_seeds:(i + 1) * num_seeds].tolist()
-  return {name: out[name] for name in selected_tasks(config)}, earlier_s
+      for batch, nv_steps, label in fit_batches(config, names, method):
+        data = jax.tree.map(lambda *a: jnp.concatenate(a), *(data_of[n] for n in batch))
+        start = time.perf_counter()
+        values, resumed_s = estimate_group(config, shape, method, data, workdir,
+                                           nv_steps=nv_steps, label=label)
+        values = np.asarray(values, float)
+        seconds[f"{shape[0]}x{shape[1]}{label}/{method}"] = time.perf_counter() - start
+        earlier_s += resumed_s
+        for i, name in enumerate(batch):
+          out[name][method] = values[i * num_seeds:(i + 1) * num_seeds].tolist()
+  return Benchmark({name: out[name] for name in selected_tasks(config)}, earlier_s, seconds)
 
 
 def summarize_benchmark(estimates: dict[str, dict[str, list[float]]], num_test: int

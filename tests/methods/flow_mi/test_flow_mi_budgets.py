@@ -35,7 +35,32 @@ def test_the_wide_heads_ablation_changes_only_the_heads():
   for config in (official, wide):
     assert config.train.nv_steps == 3000 and not config.boed.enabled
     assert reproduction.selected_estimators(config) == ["nvf"]
-  assert load("quick").train.nv_steps is None
+
+
+def test_quick_gives_the_nv_family_its_budget_on_the_large_mi_gaussians_only():
+  config = load("quick")
+  assert config.train.nv_steps == 3000
+  assert sorted(reproduction.nv_long_tasks(config)) == sorted(
+      ["gaussian-5x5-rho0.95", "gaussian-5x5-rho0.99", "gaussian-10x10-rho0.95",
+       "gaussian-10x10-rho0.99"])
+  assert load("paper").train.nv_steps is None and reproduction.nv_long_tasks(load("paper")) == []
+
+
+def test_nv_long_tasks_of_a_shape_group_are_fitted_as_their_own_batch():
+  config = load("quick")
+  names = ["gaussian-10x10-rho0.95", "cube-gaussian-10x10-rho0.95", "gaussian-10x10-rho0.99"]
+  assert reproduction.fit_batches(config, names, "jvf") == [(names, None, "")]
+  assert reproduction.fit_batches(config, names, "nvg") == [
+      (["cube-gaussian-10x10-rho0.95"], None, ""),
+      (["gaussian-10x10-rho0.95", "gaussian-10x10-rho0.99"], 3000, "-nv_long")]
+  long_only = ["gaussian-5x5-rho0.95"]
+  assert reproduction.fit_batches(config, long_only, "nvf") == [(long_only, 3000, "")]
+
+
+def test_an_unknown_nv_steps_task_fails_naming_the_key():
+  config = config_lib.with_overrides(load("quick"), {"train": {"nv_steps_tasks": "gausian-5x5"}})
+  with pytest.raises(config_lib.ConfigError, match="nv_steps_tasks"):
+    reproduction.validate(config)
 
 
 def test_an_unknown_ablation_is_refused():
