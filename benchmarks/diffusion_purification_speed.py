@@ -38,6 +38,7 @@ import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
 from benchmarks.common import brief_mark, cut, publish, machine, matmul_peak, preset_command_line, time_call, train_step_row, xla_flops, writes_results  # pylint: disable=g-import-not-at-top
+from jaxlab.diffusion import priors  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.diffusion_purification import attacks  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.diffusion_purification import evaluation  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.diffusion_purification import models  # pylint: disable=g-import-not-at-top
@@ -72,7 +73,8 @@ def perturbed(params, key, scale: float = 0.01):
 
 def main() -> None:
   args, config = preset_command_line("diffusion_purification")
-  m, d, a = config.model, config.diffusion, config.attack
+  m, p, d, a = config.model, config.prior, config.diffusion, config.attack
+  arch = p.architecture
   batch, eot, t_star = config.eval.batch_size, a.eot, d.t_star
   rng = jax.random.key(0)
   x_key, y_key, c_key, d_key, attack_key, noise_key = jax.random.split(rng, 6)
@@ -89,15 +91,15 @@ def main() -> None:
   y = jax.random.randint(y_key, (batch,), 0, models.NUM_CLASSES, jnp.int32)
 
   peak = matmul_peak(jnp.float32, repeats=cut(args, 10))
-  denoiser_desc = (f"residual MLP width {m.width}, {m.num_blocks} blocks"
-                   if m.denoiser == "residual_mlp" else
-                   f"UNet base {m.base_channels} channels, multipliers "
-                   f"{tuple(m.channel_multipliers)}")
+  denoiser_desc = (f"residual MLP width {arch.width}, {arch.num_blocks} blocks"
+                   if p.denoiser == "residual_mlp" else
+                   f"UNet base {arch.base_channels} channels, multipliers "
+                   f"{tuple(arch.channel_multipliers)}")
   lines = [f"\n## diffusion_purification attacks and training ({args.preset} preset), "
            f"{machine()}{brief_mark(args)}\n\n",
            f"{config.data.size}x{config.data.size} digits, denoiser {denoiser_desc}, "
            f"classifier MLP hidden "
-           f"{tuple(m.classifier_hidden)}; T = {d.num_steps}, t* = {t_star} ({t_star + 1} reverse "
+           f"{tuple(m.classifier_hidden)}; T = {p.num_steps}, t* = {t_star} ({t_star + 1} reverse "
            f"steps per purification); attack batch {batch}, EOT {eot}; train batch "
            f"{config.train.batch_size}. Random-initialised networks (+0.01 N(0, 1)). Matmul peak "
            f"(jitted 2048x2048 jnp.dot): {peak:.0f} GFLOP/s float32. GFLOP counts are XLA's on "
@@ -136,7 +138,7 @@ def main() -> None:
   def purify(dp, x_in, keys, remat, unroll=d.unroll):
     return purification.purify(lambda x_t, s: denoise(dp, x_t, s), schedule, x_in, t_star, keys,
                                remat=remat, variance=d.variance, unroll=unroll,
-                               parameterization=m.parameterization)
+                               parameterization=p.parameterization)
 
   def purify_grad(remat, unroll=d.unroll):
     return jax.jit(jax.grad(lambda x_in, dp, keys: jnp.vdot(purify(dp, x_in, keys, remat, unroll),
@@ -180,7 +182,7 @@ def main() -> None:
           (f"ADDT fine-tuning (CGPO {iterations} iterations + RBGM)", "addt")]
   for name, perturbation in runs:
     if perturbation is None:
-      experiment = training.diffusion_experiment(config, config.train.steps)
+      experiment = priors.pretraining_experiment(models.prior_spec(config))
     else:
       experiment = training.diffusion_experiment(
           config, config.train.steps, perturbation=perturbation, init_params=denoiser_init,

@@ -39,8 +39,9 @@ def _unet_on_small_digits(c: ml_collections.ConfigDict) -> None:
   """
   c.models = "pretrained,plain,addt"
   c.data.size = 16
-  c.model.update(dict(base_channels=8, channel_multipliers=(1, 2), groups=4))
-  c.diffusion.update(dict(num_steps=25, t_star=10, unroll=True, remat=False))
+  c.prior.architecture.update(dict(base_channels=8, channel_multipliers=(1, 2), groups=4))
+  c.prior.num_steps = 25
+  c.diffusion.update(dict(t_star=10, unroll=True, remat=False))
   c.attack.update(dict(epsilon=0.15, step_size=0.0375, eot=4))
   c.addt.lambda_scale = 0.07
   c.train.update(dict(classifier_steps=2000, log_every=100, ckpt_every=500))
@@ -55,48 +56,58 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # ablation: "" or one of ABLATIONS, applied on top of the preset; its results are not
   # published under results/ (the README says where each ablation's file goes).
   c.ablation = arg.ablation
-  c.model = ml_collections.ConfigDict(dict(
-      classifier_hidden=(256, 256),
-      denoiser="unet",                # or "residual_mlp"
-      parameterization="eps",         # what the denoiser predicts: "eps" or "x0"
-      width=256, num_blocks=3,        # residual_mlp
-      base_channels=32, channel_multipliers=(1, 2), groups=8))   # unet
+  c.model = ml_collections.ConfigDict(dict(classifier_hidden=(256, 256)))
   # variance: the reverse steps' noise, "fixed_large" (beta_t, the official sampler's) or
   # "fixed_small" (the posterior's beta_tilde_t, less stochastic). unroll: the reverse scan's
   # unrolling (True for a UNet on CPU: see jaxlab/diffusion/sampling.py); remat: recompute each
   # reverse step's activations in the attack's backward pass instead of storing them.
-  c.diffusion = ml_collections.ConfigDict(dict(schedule="cosine", num_steps=100, t_star=10,
-                                               variance="fixed_large", unroll=False, remat=True))
+  c.diffusion = ml_collections.ConfigDict(dict(t_star=10, variance="fixed_large", unroll=False,
+                                               remat=True))
   c.data = ml_collections.ConfigDict(dict(size=32, num_test=360, seed=0,
                                           data_dir=placeholder(str)))
   c.optim = ml_collections.ConfigDict(dict(
-      classifier_lr=1e-3, classifier_weight_decay=1e-4, pretrain_lr=1e-3,
-      finetune_lr=2e-4, finetune_b1=0.95, warmup_fraction=0.05, grad_clip=1.0,
-      ema_max=0.9999, ema_power=0.75))
+      classifier_lr=1e-3, classifier_weight_decay=1e-4, finetune_lr=2e-4, finetune_b1=0.95,
+      warmup_fraction=0.05, grad_clip=1.0, ema_max=0.9999, ema_power=0.75))
   # ADDT: lambda_t = clip(lambda_scale sqrt(ab_t) / sqrt(1 - ab_t), 0, lambda_max).
   c.addt = ml_collections.ConfigDict(dict(lambda_scale=0.03, lambda_max=0.3, cgpo_iterations=5))
   # L-inf budget in [-1, 1] pixel units. convergence_steps: the pretrained purifier's DW-box
   # attack runs on to this many steps (0: not), to check that PGD-<steps> has converged.
   c.attack = ml_collections.ConfigDict(dict(epsilon=16 / 255, step_size=4 / 255, steps=20, eot=10,
                                             convergence_steps=100))
-  # steps: fine-tuning steps per model; classifier_steps / pretrain_steps (None: the same).
+  # steps: fine-tuning steps per model; classifier_steps (None: the same).
   c.train.update(dict(steps=20_000, batch_size=128, log_every=200, eval_every=1_000_000,
                       ckpt_every=2000))
   c.train.classifier_steps = placeholder(int)
-  c.train.pretrain_steps = placeholder(int)
   c.train.classifier_steps = 3000
-  c.train.pretrain_steps = 100_000
+  # The pretrained DDPM (jaxlab.diffusion.priors: trained once per spec, then loaded from
+  # prior.cache_dir, else $JAXLAB_CACHE/priors, else ~/.cache/jaxlab/priors). The image size,
+  # data split, batch, seed and the optimiser settings it shares with the fine-tunings are
+  # references to this config's own keys. denoiser: "unet" or "residual_mlp" (architecture:
+  # that kind's options); parameterization: what it predicts, "eps" or "x0".
+  c.prior = ml_collections.ConfigDict(dict(
+      dataset="digits", size=c.data.get_ref("size"), denoiser="unet", parameterization="eps",
+      schedule="cosine", num_steps=100, steps=100_000, batch_size=c.train.get_ref("batch_size"),
+      lr=1e-3, warmup_fraction=c.optim.get_ref("warmup_fraction"),
+      grad_clip=c.optim.get_ref("grad_clip"), ema_max=c.optim.get_ref("ema_max"),
+      ema_power=c.optim.get_ref("ema_power"), seed=c.get_ref("seed"),
+      architecture=ml_collections.ConfigDict(dict(base_channels=32, channel_multipliers=(1, 2),
+                                                  groups=8)),
+      dataset_options=ml_collections.ConfigDict(dict(num_test=c.data.get_ref("num_test"),
+                                                     split_seed=c.data.get_ref("seed"))),
+      cache_dir=placeholder(str)))
   # num_seeds: purification seeds (independent attack and evaluation keys) per model.
   c.eval = ml_collections.ConfigDict(dict(num_images=360, batch_size=120, num_draws=4,
                                           num_seeds=3))
 
   if preset == "paper":
-    c.diffusion.update(dict(schedule="linear", num_steps=1000, t_star=100))
+    c.prior.update(dict(schedule="linear", num_steps=1000))
+    c.diffusion.t_star = 100
   elif preset in ("quick", "long"):
     _unet_on_small_digits(c)
     if preset == "quick":
       # A quarter of an hour: 30 digits and no PGD-100 check (the long preset decides the claims).
-      c.train.update(dict(steps=200, pretrain_steps=1500))
+      c.train.steps = 200
+      c.prior.steps = 1500
       c.attack.convergence_steps = 0
       c.eval.update(dict(num_images=30, batch_size=30))
     else:
@@ -104,7 +115,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       # per-image paired tests, twice the pretraining and fine-tuning, and every fine-tuning
       # (addt_no_rbgm too: ADDT's CGPO without its RBGM step).
       c.models = "all"
-      c.train.update(dict(steps=600, pretrain_steps=3000))
+      c.train.steps = 600
+      c.prior.steps = 3000
       c.eval.update(dict(num_images=180, batch_size=60))
   if arg.ablation == "x0_mlp":
     # results/ablations/diffusion_purification_x0_mlp.json (with the quick preset): the earlier
@@ -112,11 +124,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # every fine-tuning, 240 digits in one purification seed.
     c.models = "all"
     c.data.size = 32
-    c.model.update(dict(denoiser="residual_mlp", parameterization="x0"))
+    c.prior.update(dict(denoiser="residual_mlp", parameterization="x0", num_steps=100,
+                        steps=8000))
+    c.prior.architecture = ml_collections.ConfigDict(dict(width=256, num_blocks=3))
     c.addt.lambda_scale = 0.07
-    c.train.update(dict(steps=1500, classifier_steps=2000, pretrain_steps=8000, log_every=100,
-                        ckpt_every=1000))
-    c.diffusion.update(dict(num_steps=100, t_star=40, unroll=False, remat=True))
+    c.train.update(dict(steps=1500, classifier_steps=2000, log_every=100, ckpt_every=1000))
+    c.diffusion.update(dict(t_star=40, unroll=False, remat=True))
     c.attack.update(dict(epsilon=0.15, step_size=0.0375, eot=10))
     c.eval.update(dict(num_images=240, batch_size=120, num_seeds=1))
   elif arg.ablation:
@@ -124,15 +137,17 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                                  f"{', '.join(ABLATIONS)}")
   if preset == "smoke":
     c.models = "pretrained,plain,addt"   # as quick; addt_no_rbgm's step has its own unit tests
-    c.model.update(dict(classifier_hidden=(16,), denoiser="residual_mlp", width=16,
-                        num_blocks=1))
+    c.model.classifier_hidden = (16,)
+    c.prior.update(dict(denoiser="residual_mlp", num_steps=20))
+    c.prior.architecture = ml_collections.ConfigDict(dict(width=16, num_blocks=1))
     c.data.size = 8
-    c.diffusion.update(dict(num_steps=20, t_star=2))
+    c.diffusion.t_star = 2
     # No PGD-100 check: one compile fewer (tests/methods/diffusion_purification covers it).
     c.attack.update(dict(epsilon=0.15, step_size=0.05, steps=2, eot=2, convergence_steps=0))
     c.addt.cgpo_iterations = 2
-    c.train.update(dict(steps=3, classifier_steps=None, pretrain_steps=None, batch_size=16,
-                        log_every=1, ckpt_every=2, progress=False))
+    c.train.update(dict(steps=3, classifier_steps=None, batch_size=16, log_every=1,
+                        ckpt_every=2, progress=False))
+    c.prior.steps = 3
     c.eval.update(dict(num_images=16, batch_size=8, num_draws=2, num_seeds=2))
   if arg.steps:
     c.train.steps = arg.steps

@@ -25,8 +25,9 @@ SLUG = "diffusion_purification"
 def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
   start = time.perf_counter()
   reproduction.validate(config)
-  classifier_params, denoisers, earlier_s = reproduction.train_all(config, workdir)
+  classifier_params, denoisers, earlier_s, prior = reproduction.train_all(config, workdir)
   summary = reproduction.evaluate(config, classifier_params, denoisers)
+  summary["prior"] = prior
   claims, headline = reproduction.claims(summary)
   shown = denoisers.get("addt", next(iter(denoisers.values())))
   figure = reproduction.plot(summary, reproduction.examples(config, classifier_params, shown))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import numpy as np
 import tensorflow_datasets as tfds
 
@@ -86,3 +87,20 @@ def load_arrays(split: str, config: DigitsConfig | None = None, data_dir: str | 
   batch = source.__getitems__(list(range(len(source))))
   order = np.lexsort((batch["image"].reshape(len(source), -1).sum(1), batch["label"]))
   return batch["image"][order], batch["label"][order].astype(np.int64)
+
+
+def scaled_arrays(split: str, *, size: int = 8, num_test: int = 360, seed: int = 0,
+                  data_dir: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+  """(images float32 [N, size, size, 1] in [-1, 1], labels int32 [N]) of a split.
+
+  Grey levels 0..16 map linearly onto [-1, 1]; size > 8 upsamples bilinearly (no information is
+  added: a model then sees as many coordinates as a real image has).
+  """
+  if size < IMAGE_SHAPE[0]:
+    raise ValueError(f"size must be at least the digits' {IMAGE_SHAPE[0]} pixels, got {size}")
+  images, labels = load_arrays(split, digits_config(num_test=num_test, seed=seed), data_dir)
+  scaled = images.astype(np.float32) / (NUM_LEVELS - 1) * 2 - 1
+  if size != scaled.shape[1]:
+    scaled = np.asarray(jax.image.resize(scaled, (len(scaled), size, size, IMAGE_SHAPE[-1]),
+                                         "bilinear"))
+  return scaled, labels.astype(np.int32)

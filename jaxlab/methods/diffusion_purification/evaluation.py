@@ -47,7 +47,7 @@ def defended_logits(config: ml_collections.ConfigDict):
     keys = jax.random.split(key, purification.num_keys(t_star))
     purified = purification.purify(lambda x_t, t: denoise(denoiser_params, x_t, t), schedule, x,
                                    t_star, keys, remat=config.diffusion.remat,
-                                   parameterization=config.model.parameterization,
+                                   parameterization=config.prior.parameterization,
                                    variance=config.diffusion.variance,
                                    unroll=config.diffusion.unroll)
     return classify(classifier_params, purified)
@@ -139,7 +139,7 @@ def adversarial_examples(config: ml_collections.ConfigDict):
     keys = jax.random.split(key, purification.num_keys(t_star))
     purified = purification.purify(lambda x_t, t: denoise(denoiser_params, x_t, t), schedule,
                                    x_adv, t_star, keys,
-                                   parameterization=config.model.parameterization,
+                                   parameterization=config.prior.parameterization,
                                    variance=config.diffusion.variance,
                                    unroll=config.diffusion.unroll)
     return x_adv, purified
@@ -179,7 +179,7 @@ def denoising_error(config: ml_collections.ConfigDict):
       x_t = schedules.q_sample(schedule, x, t_batch, eps)
       _, eps_hat = schedules.to_x0_and_eps(schedule, x_t, t_batch,
                                            denoise(denoiser_params, x_t, t_batch),
-                                           config.model.parameterization)
+                                           config.prior.parameterization)
       return jnp.mean(jnp.square(eps_hat - eps))
     return jnp.mean(jax.vmap(at)(grid, jax.random.split(key, grid.shape[0])))
   return jax.jit(error)

@@ -2,8 +2,9 @@
 every model, claims and a figure. `experiments/diffusion_purification.py` runs them in order; the
 notebook calls them one by one.
 
-Workdir layout (every training resumable through the shared loop): `classifier/`, `pretrain/`,
-`finetune/<plain | addt_no_rbgm | addt>/`.
+Workdir layout (every training resumable through the shared loop): `classifier/`,
+`finetune/<plain | addt_no_rbgm | addt>/`; the pretrained DDPM lives in the prior cache
+(`jaxlab.diffusion.priors`), trained there on first use.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from jaxlab.core import metrics as metrics_lib
 from jaxlab.core import parallel
 from jaxlab.core import results
 from jaxlab.core import train_loop
+from jaxlab.diffusion import priors
 from jaxlab.diffusion import schedules
 from jaxlab.methods.diffusion_purification import addt
 from jaxlab.methods.diffusion_purification import evaluation
@@ -49,15 +51,18 @@ def selected_models(config) -> list[str]:
 
 def validate(config: ml_collections.ConfigDict) -> None:
   selected_models(config)
-  config_lib.require_choice(config, "model.denoiser", models_lib.DENOISERS)
-  config_lib.require_choice(config, "model.parameterization", models_lib.PARAMETERIZATIONS)
-  config_lib.require_choice(config, "diffusion.schedule", ("linear", "cosine"))
+  try:
+    models_lib.prior_spec(config)
+  except priors.SpecError as e:
+    raise config_lib.ConfigError(f"config key 'prior.{e.key}' {e.reason}") from None
+  config_lib.require_choice(config, "prior.parameterization", models_lib.PARAMETERIZATIONS)
   config_lib.require_choice(config, "diffusion.variance", schedules.REVERSE_VARIANCES)
   d, a, e = config.diffusion, config.attack, config.eval
   config_lib.require(config.data.size >= 8, "data.size",
                      f"must be at least the digits' 8 pixels, got {config.data.size}")
-  config_lib.require(0 <= d.t_star < d.num_steps, "diffusion.t_star",
-                     f"must be in [0, diffusion.num_steps = {d.num_steps}), got {d.t_star}")
+  num_steps = config.prior.num_steps
+  config_lib.require(0 <= d.t_star < num_steps, "diffusion.t_star",
+                     f"must be in [0, prior.num_steps = {num_steps}), got {d.t_star}")
   config_lib.require(a.epsilon > 0 and a.step_size > 0, "attack.epsilon",
                      "attack.epsilon and attack.step_size must be positive")
   config_lib.require(a.steps >= 1 and a.eot >= 1, "attack.steps",
@@ -87,31 +92,40 @@ def _run(experiment, config, steps, workdir, desc):
                         workdir, desc=desc)
 
 
+def load_prior(config: ml_collections.ConfigDict) -> priors.Prior:
+  """The pretrained DDPM from the prior cache (trained there on first use)."""
+  return priors.load_or_train(models_lib.prior_spec(config), config.prior.cache_dir,
+                              data_dir=config.data.data_dir, progress=config.train.progress,
+                              log_every=config.train.log_every,
+                              ckpt_every=config.train.ckpt_every, mesh=config.mesh.to_dict())
+
+
 def train_all(config: ml_collections.ConfigDict, workdir: str
-              ) -> tuple[Any, dict[str, Any], float]:
-  """(classifier params, {model: EMA denoiser params}, training time of earlier calls)."""
+              ) -> tuple[Any, dict[str, Any], float, dict[str, Any]]:
+  """(classifier params, {model: EMA denoiser params}, training time of earlier calls, the
+  prior's summary: loaded from the cache or trained, and its training time)."""
   classifier_steps = _steps(config, "classifier_steps")
   classifier = _run(training.classifier_experiment(config, classifier_steps), config,
                     classifier_steps, os.path.join(workdir, "classifier"), "classifier")
-  pretrain_steps = _steps(config, "pretrain_steps")
-  pretrain = _run(training.diffusion_experiment(config, pretrain_steps), config, pretrain_steps,
-                  os.path.join(workdir, "pretrain"), "DDPM pretraining")
-  earlier = classifier.earlier_s + pretrain.earlier_s
+  prior = load_prior(config)
+  # A prior resumed here counts its earlier calls; one loaded was paid for by another run.
+  earlier = classifier.earlier_s + (prior.train_s - prior.call_s
+                                    if prior.source == "resumed" else 0.0)
   classifier_params = classifier.state["params"]
   denoisers = {}
   for name in metrics_lib.progress_iter(selected_models(config), "fine-tunings",
                                         enabled=config.train.progress):
     if name == "pretrained":
-      denoisers[name] = pretrain.state["ema"]
+      denoisers[name] = prior.params
       continue
     run = train_loop.run(
         training.diffusion_experiment(config, config.train.steps, perturbation=name,
-                                      init_params=pretrain.state["ema"],
+                                      init_params=prior.params,
                                       classifier_params=classifier_params),
         config, os.path.join(workdir, "finetune", name), desc=f"fine-tune {name}")
     earlier += run.earlier_s
     denoisers[name] = run.state["ema"]
-  return classifier_params, denoisers, earlier
+  return classifier_params, denoisers, earlier, prior.summary()
 
 
 def test_batches(config: ml_collections.ConfigDict):

@@ -1,9 +1,8 @@
-"""The three trainings of the reproduction as `Experiment`s for the shared loop.
+"""The reproduction's trainings as `Experiment`s for the shared loop (the DDPM pretraining is
+the shared prior cache's: `jaxlab.diffusion.priors`, spec from the config's `prior` group).
 
 * `classifier_experiment`: the MLP classifier on clean digits (cross-entropy, Adam, cosine decay).
-* `diffusion_experiment(perturbation=None)`: DDPM pretraining from scratch (eps-prediction MSE at
-  t ~ U{0..T-1}).
-* `diffusion_experiment(perturbation=...)`: fine-tuning the pretrained model, as the official
+* `diffusion_experiment(perturbation)`: fine-tuning the pretrained model, as the official
   script does: Adam (beta1 0.95), linear warm-up then a constant learning rate, gradient clipping
   at 1, an EMA of the weights with the warm-up decay min(0.9999, 1 - (1 + step)^-3/4); `plain`
   regresses plain noise, `addt` / `addt_no_rbgm` the CGPO noise of `addt.training_noise`.
@@ -22,13 +21,10 @@ import optax
 
 from jaxlab.core import train_loop
 from jaxlab.data import pipeline
+from jaxlab.diffusion import priors
 from jaxlab.diffusion import schedules
 from jaxlab.methods.diffusion_purification import addt
 from jaxlab.methods.diffusion_purification import models
-
-
-def ema_decay(step: jax.Array, *, maximum: float, power: float) -> jax.Array:
-  return jnp.minimum(maximum, 1.0 - (1.0 + step.astype(jnp.float32)) ** (-power))
 
 
 def _train_data(config: ml_collections.ConfigDict):
@@ -62,39 +58,38 @@ def classifier_experiment(config: ml_collections.ConfigDict, steps: int
   return train_loop.Experiment(init=init, update=update, train_data=_train_data(config))
 
 
-def diffusion_optimizer(config: ml_collections.ConfigDict, steps: int, *, finetune: bool
-                        ) -> optax.GradientTransformation:
+def finetune_optimizer(config: ml_collections.ConfigDict, steps: int
+                       ) -> optax.GradientTransformation:
   o = config.optim
   warmup = max(1, round(o.warmup_fraction * steps))
-  if finetune:
-    lr = optax.join_schedules([optax.linear_schedule(0.0, o.finetune_lr, warmup),
-                               optax.constant_schedule(o.finetune_lr)], [warmup])
-    adam = optax.adam(lr, b1=o.finetune_b1, b2=0.999)
-  else:
-    lr = optax.warmup_cosine_decay_schedule(0.0, o.pretrain_lr, warmup, max(steps, warmup + 1))
-    adam = optax.adam(lr)
+  lr = optax.join_schedules([optax.linear_schedule(0.0, o.finetune_lr, warmup),
+                             optax.constant_schedule(o.finetune_lr)], [warmup])
+  adam = optax.adam(lr, b1=o.finetune_b1, b2=0.999)
   return optax.chain(optax.clip_by_global_norm(o.grad_clip), adam)
 
 
-def diffusion_experiment(config: ml_collections.ConfigDict, steps: int, *,
-                         perturbation: str | None = None, init_params: Any = None,
-                         classifier_params: Any = None) -> train_loop.Experiment:
-  """Pretraining (perturbation None) or one fine-tuning from `init_params` (the pretrained EMA)."""
-  finetune = perturbation is not None
-  if finetune and init_params is None:
+def diffusion_experiment(config: ml_collections.ConfigDict, steps: int, *, perturbation: str,
+                         init_params: Any = None, classifier_params: Any = None
+                         ) -> train_loop.Experiment:
+  """One fine-tuning (`perturbation`: one of `addt.PERTURBATIONS`) from `init_params`, the
+  pretrained EMA weights."""
+  if perturbation not in addt.PERTURBATIONS:
+    raise ValueError(f"perturbation must be one of {addt.PERTURBATIONS}, got {perturbation!r}")
+  if init_params is None:
     raise ValueError("fine-tuning needs init_params (the pretrained diffusion model)")
   if perturbation in ("addt", "addt_no_rbgm") and classifier_params is None:
     raise ValueError(f"{perturbation} needs the frozen classifier's parameters")
-  model, apply = models.denoiser(config)
+  _, apply = models.denoiser(config)
   _, classify_apply = models.classifier(config)
   schedule = models.make_schedule(config)
   predict_x0 = models.x0_predictor(config, schedule, apply)
-  parameterization = config.model.parameterization
-  optimizer = diffusion_optimizer(config, steps, finetune=finetune)
+  parameterization = config.prior.parameterization
+  optimizer = finetune_optimizer(config, steps)
   a = config.addt
 
   def init(rng):
-    params = model.init(rng) if init_params is None else init_params
+    del rng
+    params = init_params
     return {"params": params, "ema": params, "opt_state": optimizer.init(params),
             "step": jnp.zeros((), jnp.int32)}
 
@@ -102,15 +97,11 @@ def diffusion_experiment(config: ml_collections.ConfigDict, steps: int, *,
     x0 = batch["image"]
     t_key, noise_key = jax.random.split(rng)
     t = jax.random.randint(t_key, (x0.shape[0],), 0, schedule.num_steps)
-    metrics = {}
-    if finetune:
-      frozen = jax.lax.stop_gradient(state["params"])
-      noise, metrics = addt.training_noise(
-          lambda x, s: predict_x0(frozen, x, s), lambda x: classify_apply(classifier_params, x),
-          schedule, x0, batch["label"], t, noise_key, perturbation=perturbation,
-          scale=a.lambda_scale, maximum=a.lambda_max, iterations=a.cgpo_iterations)
-    else:
-      noise = jax.random.normal(noise_key, x0.shape, x0.dtype)
+    frozen = jax.lax.stop_gradient(state["params"])
+    noise, metrics = addt.training_noise(
+        lambda x, s: predict_x0(frozen, x, s), lambda x: classify_apply(classifier_params, x),
+        schedule, x0, batch["label"], t, noise_key, perturbation=perturbation,
+        scale=a.lambda_scale, maximum=a.lambda_max, iterations=a.cgpo_iterations)
     x_t = schedules.q_sample(schedule, x0, t, noise)
     target = schedules.target_for(schedule, t, x0, noise, parameterization)
 
@@ -119,7 +110,8 @@ def diffusion_experiment(config: ml_collections.ConfigDict, steps: int, *,
     value, grads = jax.value_and_grad(loss)(state["params"])
     updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
     params = optax.apply_updates(state["params"], updates)
-    decay = ema_decay(state["step"], maximum=config.optim.ema_max, power=config.optim.ema_power)
+    decay = priors.ema_decay(state["step"], maximum=config.optim.ema_max,
+                             power=config.optim.ema_power)
     ema = jax.tree.map(lambda e, p: decay * e + (1.0 - decay) * p, state["ema"], params)
     return ({"params": params, "ema": ema, "opt_state": opt_state, "step": state["step"] + 1},
             {"loss": value, **metrics})

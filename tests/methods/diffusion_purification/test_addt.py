@@ -10,6 +10,7 @@ import pytest
 
 from jaxlab.core import config as config_lib
 from jaxlab.core import train_loop
+from jaxlab.diffusion import priors
 from jaxlab.diffusion import schedules
 from jaxlab.methods.diffusion_purification import addt
 from jaxlab.methods.diffusion_purification import evaluation
@@ -102,7 +103,7 @@ def test_plain_noise_is_just_gaussian_and_unknown_perturbations_fail():
 
 
 def test_ema_decay_warms_up_towards_its_maximum():
-  decay = training.ema_decay(jnp.array([0, 1, 10_000_000]), maximum=0.9999, power=0.75)
+  decay = priors.ema_decay(jnp.array([0, 1, 10_000_000]), maximum=0.9999, power=0.75)
   np.testing.assert_allclose(decay, [0.0, 1 - 2 ** -0.75, 0.9999], rtol=1e-6)
 
 
@@ -158,7 +159,9 @@ def test_purifier_keys_fix_every_noise():
     ({"models": "pretrained,adversarial"}, "models"),
     ({"eval": {"num_images": 1000}}, "eval.num_images"),
     ({"eval": {"num_images": 12}}, "eval.num_images"),
-    ({"model": {"denoiser": "transformer"}}, "model.denoiser"),
+    ({"prior": {"denoiser": "transformer"}}, "prior.denoiser"),
+    ({"prior": {"architecture": {"depth": 2}}}, "prior.architecture"),
+    ({"prior": {"num_steps": 2}}, "diffusion.t_star"),
     ({"addt": {"lambda_max": 1.5}}, "addt.lambda_max"),
     ({"attack": {"convergence_steps": 2}}, "attack.convergence_steps"),
     ({"eval": {"num_seeds": 0}}, "eval.num_seeds"),
@@ -171,7 +174,7 @@ def test_bad_configs_fail_with_the_key_named(overrides, key):
 def test_an_x0_model_regresses_the_clean_image_and_an_eps_model_the_noise():
   """Same update, same noise draw: only the regression target differs."""
   eps_config = smoke_config()
-  x0_config = smoke_config(model={"parameterization": "x0"})
+  x0_config = smoke_config(prior={"parameterization": "x0"})
   batch = {"image": jax.random.uniform(jax.random.key(0), (16, 8, 8, 1)) * 2 - 1,
            "label": jnp.arange(16) % 10}
   pretrained = models.denoiser(eps_config)[0].init(jax.random.key(3))
