@@ -211,7 +211,8 @@ def ddim_sample_with_kl(policy: DenoiseFn, reference: DenoiseFn, schedule: Sched
   t_{i+1}, the last step to t = 0 (alpha_bar_0 < 1), every step with the DDIM noise sigma of
   `eta` (> 0, so that each step's KL is finite). kl[i, b] = sum over dimensions of
   (mu_policy - mu_reference)^2 / (2 sigma_i^2), both means taken at the policy's x_{t_i};
-  `guidance` corrects the policy only. keys: [K] PRNG keys, one per step.
+  `guidance` corrects the policy only. keys: [K] PRNG keys, one per step. The KL is
+  differentiable in everything the policy influences, x_t included (through both means).
 
   grad_mask: optional bool [K]; where False, the step's outputs (its x and its KL) are cut from
   the gradient, so that only the steps where it is True are back-propagated through (truncated
@@ -247,7 +248,9 @@ def ddim_sample_with_kl(policy: DenoiseFn, reference: DenoiseFn, schedule: Sched
     t, key, x0_c, eps_c, noise_std, keep_grad = inputs
     t_batch = jnp.full((batch,), t, jnp.int32)
     mu_policy = mean_of(policy, x, t_batch, x0_c, eps_c, guidance)
-    mu_reference = jax.lax.stop_gradient(mean_of(reference, x, t_batch, x0_c, eps_c, None))
+    # Not stop_gradient: the reference's parameters are constants here, but its mean depends on
+    # x_t, which depends on the policy; cutting that dependence biases the KL's gradient.
+    mu_reference = mean_of(reference, x, t_batch, x0_c, eps_c, None)
     kl = (jnp.sum(jnp.square(mu_policy - mu_reference), axis=reduce_axes)
           / (2.0 * jnp.square(noise_std).astype(x.dtype)))
     x_next = mu_policy + noise_std.astype(x.dtype) * jax.random.normal(key, x.shape, x.dtype)
