@@ -43,6 +43,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       mine_decay=0.9))
   c.train.update(dict(steps=10_000, batch_size=256, log_every=250, eval_every=250,
                       ckpt_every=2_500))
+  # How many estimator fits run at once (threads; see reproduction.run_benchmark).
+  c.train.parallel_fits = 1
   # NVF/NVG's own step budget (None: train.steps), on the tasks named in nv_steps_tasks.
   c.train.nv_steps = ml_collections.config_dict.placeholder(int)
   c.train.nv_steps_tasks = "all"

@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import math
 import os
@@ -141,30 +142,63 @@ def fit_batches(config: ml_collections.ConfigDict, names: list[str], method: str
           ([n for n in names if n in long], config.train.nv_steps, "-nv_long")]
 
 
+class FitJob(NamedTuple):
+  shape: tuple[int, int]
+  method: str
+  tasks: list[str]
+  nv_steps: int | None
+  label: str
+
+  @property
+  def name(self) -> str:
+    return f"{self.shape[0]}x{self.shape[1]}{self.label}/{self.method}"
+
+
+def fit_jobs(config: ml_collections.ConfigDict) -> list[FitJob]:
+  """Every (shape group, estimator, batch) fit of the benchmark, in sweep order."""
+  groups = groups_by_shape(selected_tasks(config))
+  return [FitJob(shape, method, batch, nv_steps, label)
+          for shape, names in groups.items() for method in selected_estimators(config)
+          for batch, nv_steps, label in fit_batches(config, names, method)]
+
+
 def run_benchmark(config: ml_collections.ConfigDict, workdir: str) -> Benchmark:
-  chosen = selected_estimators(config)
+  """Every fit of `fit_jobs`; `train.parallel_fits` of them run at once, each from its own
+  Python thread (XLA:CPU runs one small fit's chunk largely on one core, so two fits at once
+  use both; every fit is independent and deterministic, so the estimates do not change)."""
   num_seeds = config.data.num_seeds
-  out: dict[str, dict[str, list[float]]] = {}
+  data_of = {name: task_data(config, tasks_lib.get_task(name))
+             for name in selected_tasks(config)}
+  jobs = fit_jobs(config)
+  parallel_fits = max(1, int(config.train.get("parallel_fits", 1)))
+  per_fit_progress = config.train.progress and parallel_fits == 1
+
+  def run(job: FitJob) -> tuple[np.ndarray, float, float]:
+    data = jax.tree.map(lambda *a: jnp.concatenate(a), *(data_of[n] for n in job.tasks))
+    start = time.perf_counter()
+    values, resumed_s = estimate_group(
+        config_lib.with_overrides(config, {"train": {"progress": per_fit_progress}}),
+        job.shape, job.method, data, workdir, nv_steps=job.nv_steps, label=job.label)
+    return np.asarray(values, float), resumed_s, time.perf_counter() - start
+
+  with concurrent.futures.ThreadPoolExecutor(max_workers=parallel_fits) as pool:
+    futures = [pool.submit(run, job) for job in jobs]
+    bar = metrics_lib.Progress(total=len(futures), desc="fits", enabled=config.train.progress,
+                               show_rate=False)
+    try:
+      for done, _ in enumerate(concurrent.futures.as_completed(futures), start=1):
+        bar.update(done)
+    finally:
+      bar.close()
+  out: dict[str, dict[str, list[float]]] = {name: {} for name in data_of}
   seconds: dict[str, float] = {}
   earlier_s = 0.0
-  groups = groups_by_shape(selected_tasks(config))
-  for shape in metrics_lib.progress_iter(list(groups), "task shapes",
-                                         enabled=config.train.progress):
-    names = groups[shape]
-    data_of = {name: task_data(config, tasks_lib.get_task(name)) for name in names}
-    for name in names:
-      out[name] = {}
-    for method in chosen:
-      for batch, nv_steps, label in fit_batches(config, names, method):
-        data = jax.tree.map(lambda *a: jnp.concatenate(a), *(data_of[n] for n in batch))
-        start = time.perf_counter()
-        values, resumed_s = estimate_group(config, shape, method, data, workdir,
-                                           nv_steps=nv_steps, label=label)
-        values = np.asarray(values, float)
-        seconds[f"{shape[0]}x{shape[1]}{label}/{method}"] = time.perf_counter() - start
-        earlier_s += resumed_s
-        for i, name in enumerate(batch):
-          out[name][method] = values[i * num_seeds:(i + 1) * num_seeds].tolist()
+  for job, future in zip(jobs, futures):
+    values, resumed_s, wall_s = future.result()
+    seconds[job.name] = wall_s
+    earlier_s += resumed_s
+    for i, name in enumerate(job.tasks):
+      out[name][job.method] = values[i * num_seeds:(i + 1) * num_seeds].tolist()
   return Benchmark({name: out[name] for name in selected_tasks(config)}, earlier_s, seconds)
 
 

@@ -72,3 +72,12 @@ def test_the_tails_ablation_keeps_the_benchmark_data():
   """It reads the quick preset's own samples: same tasks, seeds and sample sizes."""
   tails_config, quick = load("quick,ablation=student_t_tails"), load("quick")
   assert tails_config.data.to_dict() == quick.data.to_dict()
+
+
+def test_fits_run_in_parallel_threads_give_the_same_estimates(tmp_path):
+  config = load("smoke")
+  serial = reproduction.run_benchmark(config, str(tmp_path / "serial"))
+  threaded = reproduction.run_benchmark(
+      config_lib.with_overrides(config, {"train": {"parallel_fits": 2}}), str(tmp_path / "two"))
+  assert threaded.estimates == serial.estimates
+  assert set(threaded.seconds) == {job.name for job in reproduction.fit_jobs(config)}
