@@ -16,8 +16,8 @@ Training (DDPM's): the denoiser regresses its target (eps, x0 or v) at t ~ U{0..
 linear warm-up then cosine decay, gradient clipping, and an EMA of the weights with the warm-up
 decay min(ema_max, 1 - (1 + step)^-ema_power).
 
-Datasets are a registry of `jaxlab/data` loaders giving the training images as float32
-[N, H, W, C] in [-1, 1] (`DATASETS`).
+Datasets are a registry of `jaxlab/data` loaders (`DATASETS`): images as float32 [N, H, W, C] in
+[-1, 1], and 2-D toy points [N, 2].
 """
 from __future__ import annotations
 
@@ -38,6 +38,7 @@ from jaxlab.core import config as config_lib
 from jaxlab.core import train_loop
 from jaxlab.data import digits
 from jaxlab.data import pipeline
+from jaxlab.data import toy2d
 from jaxlab.diffusion import denoisers
 from jaxlab.diffusion import schedules
 
@@ -69,11 +70,21 @@ def _digits_train_images(size, options, data_dir):
                               seed=options["split_seed"], data_dir=data_dir)[0]
 
 
+def _ring_points(size, options, data_dir):
+  del data_dir
+  return toy2d.gaussian_ring(size, seed=options["seed"], modes=options["modes"],
+                             radius=options["radius"], std=options["std"])
+
+
 DATASETS: dict[str, Dataset] = {
     # scikit-learn's 8x8 digits (upsampled to size x size); the split keeps num_test images out.
     "digits": Dataset(load=_digits_train_images,
                       sample_shape=lambda size, options: (size, size, digits.IMAGE_SHAPE[-1]),
                       default_options={"num_test": 360, "split_seed": 0}),
+    # 2-D points of the 8-Gaussian ring; `size` is the number of training points.
+    "gaussian_ring": Dataset(load=_ring_points, sample_shape=lambda size, options: (2,),
+                             default_options={"seed": 0, "modes": 8, "radius": 2.0,
+                                              "std": 0.2}),
 }
 
 

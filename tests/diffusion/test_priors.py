@@ -66,3 +66,12 @@ def test_the_cache_root_is_the_argument_then_the_environment_then_home(tmp_path,
 def test_bad_specs_fail_naming_the_key(changes, key):
   with pytest.raises(ValueError, match=key):
     spec(**changes)
+
+
+def test_a_prior_on_two_dimensional_points(tmp_path):
+  ring = priors.PriorSpec.from_config({**SPEC, "dataset": "gaussian_ring", "size": 256,
+                                       "dataset_options": {"radius": 1.0}})
+  prior = priors.load_or_train(ring, tmp_path, progress=False, ckpt_every=4)
+  assert ring.sample_shape == (2,) and prior.source == "trained"
+  out = prior.apply(prior.params, np.zeros((5, 2), np.float32), np.zeros(5, np.int32))
+  assert out.shape == (5, 2)
