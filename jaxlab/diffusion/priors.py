@@ -241,6 +241,32 @@ def training_images(spec: PriorSpec, data_dir: str | None = None) -> np.ndarray:
   return images
 
 
+def ema_state(params: Any, opt: optax.GradientTransformation) -> dict[str, Any]:
+  """A denoiser's training state: its weights, their EMA (starting equal), the optimiser's."""
+  return {"params": params, "ema": params, "opt_state": opt.init(params),
+          "step": jnp.zeros((), jnp.int32)}
+
+
+def denoising_step(state: dict[str, Any], x0: jax.Array, t: jax.Array, noise: jax.Array, *,
+                   apply: denoisers.DenoiserApply, opt: optax.GradientTransformation,
+                   schedule: schedules.Schedule, parameterization: str, ema_max: float,
+                   ema_power: float) -> tuple[dict[str, Any], jax.Array]:
+  """One regression step on x_t = q_sample(x0, t, noise) towards the parameterization's target,
+  then the EMA update; returns (state, loss). Pretraining draws plain noise; fine-tunings may
+  pass any noise (e.g. an adversarial mixture)."""
+  x_t = schedules.q_sample(schedule, x0, t, noise)
+  target = schedules.target_for(schedule, t, x0, noise, parameterization)
+
+  def loss(params):
+    return jnp.mean(jnp.square(apply(params, x_t, t) - target))
+  value, grads = jax.value_and_grad(loss)(state["params"])
+  updates, opt_state = opt.update(grads, state["opt_state"], state["params"])
+  params = optax.apply_updates(state["params"], updates)
+  decay = ema_decay(state["step"], maximum=ema_max, power=ema_power)
+  ema = jax.tree.map(lambda e, p: decay * e + (1.0 - decay) * p, state["ema"], params)
+  return {"params": params, "ema": ema, "opt_state": opt_state, "step": state["step"] + 1}, value
+
+
 def pretraining_experiment(spec: PriorSpec, data_dir: str | None = None
                            ) -> train_loop.Experiment:
   """DDPM pretraining from scratch as an `Experiment` of the shared loop."""
@@ -249,27 +275,17 @@ def pretraining_experiment(spec: PriorSpec, data_dir: str | None = None
   opt = optimizer(spec)
 
   def init(rng):
-    params = model.init(rng)
-    return {"params": params, "ema": params, "opt_state": opt.init(params),
-            "step": jnp.zeros((), jnp.int32)}
+    return ema_state(model.init(rng), opt)
 
   def update(state, batch, rng):
     x0 = batch["image"]
     t_key, noise_key = jax.random.split(rng)
     t = jax.random.randint(t_key, (x0.shape[0],), 0, schedule.num_steps)
     noise = jax.random.normal(noise_key, x0.shape, x0.dtype)
-    x_t = schedules.q_sample(schedule, x0, t, noise)
-    target = schedules.target_for(schedule, t, x0, noise, spec.parameterization)
-
-    def loss(params):
-      return jnp.mean(jnp.square(apply(params, x_t, t) - target))
-    value, grads = jax.value_and_grad(loss)(state["params"])
-    updates, opt_state = opt.update(grads, state["opt_state"], state["params"])
-    params = optax.apply_updates(state["params"], updates)
-    decay = ema_decay(state["step"], maximum=spec.ema_max, power=spec.ema_power)
-    ema = jax.tree.map(lambda e, p: decay * e + (1.0 - decay) * p, state["ema"], params)
-    return ({"params": params, "ema": ema, "opt_state": opt_state, "step": state["step"] + 1},
-            {"loss": value})
+    state, value = denoising_step(state, x0, t, noise, apply=apply, opt=opt, schedule=schedule,
+                                  parameterization=spec.parameterization,
+                                  ema_max=spec.ema_max, ema_power=spec.ema_power)
+    return state, {"loss": value}
 
   def train_data(process_index, process_count):
     source = pipeline.InMemorySource({"image": training_images(spec, data_dir)})

@@ -22,7 +22,6 @@ import optax
 from jaxlab.core import train_loop
 from jaxlab.data import pipeline
 from jaxlab.diffusion import priors
-from jaxlab.diffusion import schedules
 from jaxlab.methods.diffusion_purification import addt
 from jaxlab.methods.diffusion_purification import models
 
@@ -89,9 +88,7 @@ def diffusion_experiment(config: ml_collections.ConfigDict, steps: int, *, pertu
 
   def init(rng):
     del rng
-    params = init_params
-    return {"params": params, "ema": params, "opt_state": optimizer.init(params),
-            "step": jnp.zeros((), jnp.int32)}
+    return priors.ema_state(init_params, optimizer)
 
   def update(state, batch, rng):
     x0 = batch["image"]
@@ -102,18 +99,10 @@ def diffusion_experiment(config: ml_collections.ConfigDict, steps: int, *, pertu
         lambda x, s: predict_x0(frozen, x, s), lambda x: classify_apply(classifier_params, x),
         schedule, x0, batch["label"], t, noise_key, perturbation=perturbation,
         scale=a.lambda_scale, maximum=a.lambda_max, iterations=a.cgpo_iterations)
-    x_t = schedules.q_sample(schedule, x0, t, noise)
-    target = schedules.target_for(schedule, t, x0, noise, parameterization)
-
-    def loss(params):
-      return jnp.mean(jnp.square(apply(params, x_t, t) - target))
-    value, grads = jax.value_and_grad(loss)(state["params"])
-    updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
-    params = optax.apply_updates(state["params"], updates)
-    decay = priors.ema_decay(state["step"], maximum=config.optim.ema_max,
-                             power=config.optim.ema_power)
-    ema = jax.tree.map(lambda e, p: decay * e + (1.0 - decay) * p, state["ema"], params)
-    return ({"params": params, "ema": ema, "opt_state": opt_state, "step": state["step"] + 1},
-            {"loss": value, **metrics})
+    state, value = priors.denoising_step(
+        state, x0, t, noise, apply=apply, opt=optimizer, schedule=schedule,
+        parameterization=parameterization, ema_max=config.optim.ema_max,
+        ema_power=config.optim.ema_power)
+    return state, {"loss": value, **metrics}
 
   return train_loop.Experiment(init=init, update=update, train_data=_train_data(config))
