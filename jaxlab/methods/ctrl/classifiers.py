@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from scipy import special
 
 from jaxlab.diffusion import schedules
 from jaxlab.methods.ctrl import evaluation
@@ -115,11 +116,10 @@ def fit(x: np.ndarray, y: np.ndarray, num_classes: int, *, hidden: Sequence[int]
     return classifier, {}
   val_logits = np.asarray(apply(params, jnp.asarray(x[val])), np.float64)
   temperature = evaluation.fit_temperature(val_logits, y[val])
-  softmax = lambda logits: np.exp(logits - np.logaddexp.reduce(logits, -1, keepdims=True))
   report = {"acc": float(np.mean(val_logits.argmax(-1) == y[val])),
-            "ece_raw": evaluation.expected_calibration_error(softmax(val_logits), y[val]),
+            "ece_raw": evaluation.expected_calibration_error(special.softmax(val_logits, -1), y[val]),
             "ece_scaled": evaluation.expected_calibration_error(
-                softmax(val_logits / temperature), y[val]),
+                special.softmax(val_logits / temperature, -1), y[val]),
             "temperature": temperature}
   return dataclasses.replace(classifier, temperature=temperature), report
 
