@@ -171,6 +171,13 @@ def run(experiment_main: ExperimentMain, *, single_process: str | None = None) -
       config_lib.validate(config, device_count=jax.device_count())
     except config_lib.ConfigError as e:
       exit_with_config_error(e)
+    overridden = sorted(config_flags.get_override_values(flags.FLAGS["config"]))
+    if overridden:
+      from jaxlab.core import results  # pylint: disable=g-import-not-at-top
+      results.block_publishing(overridden)
+      print(f"note: --config.{overridden[0]}" + (f" and {len(overridden) - 1} more overrides"
+            if len(overridden) > 1 else "") + " change the preset, so results/ is left as it "
+            "is; this run's results.json stays in the workdir", file=sys.stderr)
     workdir = _WORKDIR.value or default_workdir(config_flags.get_config_filename(
         flags.FLAGS["config"]), config.preset)
     if _COMPILATION_CACHE.value:

@@ -129,6 +129,20 @@ def git_commit() -> str:
     return "unknown"
 
 
+# Set by the command line (`core.cli`) when `--config.<key>=...` overrides change the preset: such a
+# run is not the preset's result, so it must not replace the file under results/.
+_publish_blocked_by: list[str] = []
+
+
+def block_publishing(overridden_keys: Sequence[str]) -> None:
+  """Later `write_results` / `save_figure` calls in this process publish nothing by default."""
+  _publish_blocked_by[:] = list(overridden_keys)
+
+
+def _default_publish(config: ml_collections.ConfigDict) -> bool:
+  return config.preset in config_lib.PUBLISHED_PRESETS and not _publish_blocked_by
+
+
 def published_stem(slug: str, config: ml_collections.ConfigDict) -> str:
   """`<slug>` for the quick preset, `<slug>_<preset>` otherwise (`<slug>_long`)."""
   return config_lib.results_stem(slug, config.preset)
@@ -140,7 +154,7 @@ def write_results(workdir: str | os.PathLike, *, slug: str, config: ml_collectio
                   seeds: Sequence[int] | None = None,
                   publish: bool | None = None) -> dict[str, Any]:
   """Writes `workdir/results.json`; for the quick and long presets (or with `publish`) also
-  `results/<slug>.json` or `results/<slug>_long.json`."""
+  `results/<slug>.json` or `results/<slug>_long.json`, unless `block_publishing` was called."""
   payload = {
       "slug": slug,
       "preset": config.preset,
@@ -155,7 +169,7 @@ def write_results(workdir: str | os.PathLike, *, slug: str, config: ml_collectio
   path = pathlib.Path(workdir) / "results.json"
   metrics_lib.write_json(path, payload)
   if publish is None:
-    publish = config.preset in config_lib.PUBLISHED_PRESETS
+    publish = _default_publish(config)
   if publish and path.exists():
     RESULTS_DIR.mkdir(exist_ok=True)
     shutil.copyfile(path, RESULTS_DIR / f"{published_stem(slug, config)}.json")
@@ -172,7 +186,7 @@ def save_figure(figure: Any, workdir: str | os.PathLike, filename: str, slug: st
   path.parent.mkdir(parents=True, exist_ok=True)
   figure.savefig(path, dpi=120)
   if publish is None:
-    publish = config.preset in config_lib.PUBLISHED_PRESETS
+    publish = _default_publish(config)
   if publish:
     RESULTS_DIR.mkdir(exist_ok=True)
     shutil.copyfile(path, RESULTS_DIR / f"{published_stem(slug, config)}_{filename}")

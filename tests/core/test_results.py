@@ -194,6 +194,21 @@ def test_long_preset_results_are_published_with_the_suffix(tmp_path, monkeypatch
   assert not (tmp_path / "published" / "toy.json").exists()
 
 
+def test_overridden_presets_are_not_published(tmp_path, monkeypatch):
+  monkeypatch.setattr(results, "RESULTS_DIR", tmp_path / "published")
+  monkeypatch.setattr(results, "_publish_blocked_by", [])
+  c = config_lib.base_config(preset="quick")
+  config_lib.finalize(c)
+  results.block_publishing(["data.tasks"])
+  results.write_results(tmp_path / "run", slug="toy", config=c, metrics={}, claims=[],
+                        headline_metric=None, wall_s=1.0)
+  assert (tmp_path / "run" / "results.json").exists()
+  assert not (tmp_path / "published").exists()
+  results.write_results(tmp_path / "run", slug="toy", config=c, metrics={}, claims=[],
+                        headline_metric=None, wall_s=1.0, publish=True)
+  assert (tmp_path / "published" / "toy.json").exists()
+
+
 def test_standard_error_of_the_mean():
   np.testing.assert_allclose(results.standard_error([1.0, 2.0, 3.0, 4.0]),
                              np.std([1, 2, 3, 4], ddof=1) / 2)
