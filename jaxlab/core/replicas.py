@@ -73,6 +73,24 @@ def replica_sharding(num_replicas: int, mesh: jax.sharding.Mesh) -> jax.sharding
           else parallel.replicated(mesh))
 
 
+def padded_count(num_replicas: int, mesh: jax.sharding.Mesh) -> int:
+  """The smallest multiple of the mesh size that holds `num_replicas`."""
+  size = mesh.devices.size
+  return -(-num_replicas // size) * size
+
+
+def pad(tree: PyTree, mesh: jax.sharding.Mesh) -> PyTree:
+  """A replica-stacked tree padded to `padded_count` replicas by repeating its first ones, so
+  the replicas shard over every device (the extra ones are computed and dropped: on 2 devices,
+  3 replicas as 4 take 2 replica-times instead of 3)."""
+  count = num_replicas(tree)
+  extra = padded_count(count, mesh) - count
+  if not extra:
+    return tree
+  rows = np.arange(count + extra) % count
+  return jax.tree.map(lambda leaf: leaf[rows], tree)
+
+
 def place(tree: PyTree, mesh: jax.sharding.Mesh) -> PyTree:
   """Replica-stacked arrays [R, ...] placed by `replica_sharding`."""
   return parallel.put(tree, replica_sharding(num_replicas(tree), mesh))

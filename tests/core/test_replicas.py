@@ -61,3 +61,14 @@ def test_replica_stacked_tree_helpers():
   second = replicas.take(tree, 1)
   np.testing.assert_array_equal(second["w"], [2.0, 3.0])
   assert float(second["b"]) == 1.0
+
+
+def test_pad_repeats_the_first_replicas_up_to_a_multiple_of_the_mesh():
+  mesh = parallel.make_mesh()
+  size = mesh.devices.size
+  tree = {"a": np.arange(size + 1), "b": np.ones((size + 1, 2))}
+  padded = replicas.pad(tree, mesh)
+  assert replicas.num_replicas(padded) == replicas.padded_count(size + 1, mesh) == 2 * size
+  np.testing.assert_array_equal(padded["a"][:size + 1], tree["a"])
+  np.testing.assert_array_equal(padded["a"][size + 1:], tree["a"][:size - 1])
+  assert replicas.pad({"a": np.arange(size)}, mesh)["a"].shape == (size,)

@@ -190,24 +190,28 @@ def fit(trainable: Trainable, data: FitData, keys: jax.Array, schedule: Schedule
   """Trains `trainable` on every seed's data for `schedule.steps` steps (resuming from
   `workdir/checkpoints` when present). `keys` [S] seed the initialisation and the minibatches."""
   mesh = mesh or parallel.make_mesh()
-  data = replicas.place(data, mesh)
-  init_keys, train_keys = jax.vmap(jax.random.split, out_axes=1)(keys)
+  # Seeds are padded to a multiple of the device count so that they shard over every device;
+  # the padding repeats the first seeds and is dropped from every result.
+  count = keys.shape[0]
+  data = replicas.place(replicas.pad(data, mesh), mesh)
+  init_keys, train_keys = jax.vmap(jax.random.split, out_axes=1)(replicas.pad(keys, mesh))
   train_keys = replicas.place(train_keys, mesh)
   init_fn = _init_function(trainable, schedule)
   chunk = chunk_function(trainable, schedule,
-                         replicas.replica_sharding(keys.shape[0], mesh))
+                         replicas.replica_sharding(init_keys.shape[0], mesh))
   run = replicas.run_chunks(
       lambda: init_fn(init_keys),
       lambda state, start, stop: chunk(state, data, train_keys, start, stop),
       steps=schedule.steps, chunk_steps=schedule.eval_every, ckpt_every=schedule.ckpt_every,
       mesh=mesh, workdir=workdir, desc=desc or trainable.name, progress=progress,
-      summarize=_summarize)
+      summarize=lambda metrics: _summarize({k: v[:count] for k, v in metrics.items()}))
   state = run.state
   history = [{k: v for k, v in record.items() if k != "eval/mi_per_seed"}
              for record in run.history]
   final_mi = (np.asarray(parallel.fetch(trainable_final_mi(trainable, state, data)))
-              if run.last_metrics is None else np.asarray(run.last_metrics["eval/mi"]))
-  host_state = parallel.fetch({k: state[k] for k in ("best_mi", "best_step", "skipped_steps")})
+              if run.last_metrics is None else np.asarray(run.last_metrics["eval/mi"]))[:count]
+  host_state = parallel.fetch({k: state[k][:count]
+                               for k in ("best_mi", "best_step", "skipped_steps")})
   return FitResult(best_mi=np.asarray(host_state["best_mi"], float), final_mi=final_mi,
                    best_step=np.asarray(host_state["best_step"]),
                    skipped_steps=np.asarray(host_state["skipped_steps"]), history=history,
