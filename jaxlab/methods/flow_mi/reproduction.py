@@ -46,10 +46,23 @@ def selected_estimators(config: ml_collections.ConfigDict) -> list[str]:
   return config_lib.select_names(config, "data.estimators", estimators.ALL_METHODS)
 
 
+def critic_tasks(config: ml_collections.ConfigDict) -> list[str]:
+  """The tasks the critic baselines (InfoNCE, NWJ, DV, MINE) are fitted on (`data.critic_tasks`,
+  default every selected task)."""
+  chosen = set(config_lib.select_names(config, "data.critic_tasks", tasks_lib.TASKS))
+  return [name for name in selected_tasks(config) if name in chosen]
+
+
+def _methods_of(table: dict[str, dict[str, Any]]) -> list[str]:
+  """Every estimator that appears for some task, in first-seen order."""
+  return list(dict.fromkeys(m for row in table.values() for m in row))
+
+
 def validate(config: ml_collections.ConfigDict) -> None:
   """Checks the combinations that only this method knows, before anything compiles."""
   selected_tasks(config)
   selected_estimators(config)
+  critic_tasks(config)
   num_train = int(round(config.data.num_samples * config.data.train_fraction))
   config_lib.require(0 < config.data.train_fraction < 1, "data.train_fraction",
                      f"must be in (0, 1), got {config.data.train_fraction}")
@@ -157,9 +170,18 @@ class FitJob(NamedTuple):
 def fit_jobs(config: ml_collections.ConfigDict) -> list[FitJob]:
   """Every (shape group, estimator, batch) fit of the benchmark, in sweep order."""
   groups = groups_by_shape(selected_tasks(config))
-  return [FitJob(shape, method, batch, nv_steps, label)
-          for shape, names in groups.items() for method in selected_estimators(config)
-          for batch, nv_steps, label in fit_batches(config, names, method)]
+  with_critics = set(critic_tasks(config))
+  jobs = []
+  for shape, names in groups.items():
+    for method in selected_estimators(config):
+      if method in estimators.CRITIC_METHODS:
+        names_here = [n for n in names if n in with_critics]
+      else:
+        names_here = names
+      if names_here:
+        jobs += [FitJob(shape, method, batch, nv_steps, label)
+                 for batch, nv_steps, label in fit_batches(config, names_here, method)]
+  return jobs
 
 
 def run_benchmark(config: ml_collections.ConfigDict, workdir: str) -> Benchmark:
@@ -220,7 +242,7 @@ def summarize_benchmark(estimates: dict[str, dict[str, list[float]]], num_test: 
   claims = []
   large = [t for t in tasks_lib.LARGE_MI_TASKS if t in estimates]
   capped = [t for t in large if truth[t] > math.log(num_test)]
-  methods = next(iter(estimates.values())).keys() if estimates else []
+  methods = _methods_of(estimates)
   headline = None
   if large and {"jvf", "infonce"} <= set(methods):
     jvf, infonce = mean_error(large, "jvf"), mean_error(large, "infonce")
@@ -271,13 +293,16 @@ def plot_heatmap(metrics: dict[str, Any]):
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   task_names = list(metrics["estimate"])
-  methods = list(next(iter(metrics["estimate"].values())))
-  relative = np.array([[metrics["abs_error"][t][m] / max(metrics["true_mi"][t], 1e-9)
+  methods = _methods_of(metrics["estimate"])
+  # An estimator not fitted on a task (the critics outside `data.critic_tasks`) is a blank cell.
+  relative = np.array([[metrics["abs_error"][t].get(m, np.nan) / max(metrics["true_mi"][t], 1e-9)
                         for m in methods] for t in task_names])
   fig, ax = plt.subplots(figsize=(1.0 + 0.8 * len(methods), 1.0 + 0.32 * len(task_names)))
   image = ax.imshow(np.clip(relative, 0, 1), cmap="magma_r", vmin=0, vmax=1, aspect="auto")
   for i, t in enumerate(task_names):
     for j, m in enumerate(methods):
+      if m not in metrics["estimate"][t]:
+        continue
       value = metrics["estimate"][t][m]
       ax.text(j, i, "nan" if not np.isfinite(value) else f"{value:.2f}", ha="center",
               va="center", fontsize=6, color="white" if relative[i, j] > 0.5 else "black")
@@ -301,7 +326,7 @@ def plot_large_mi(metrics: dict[str, Any]):
   fig, ax = plt.subplots(figsize=(7, 4))
   if not task_names:
     return fig
-  methods = list(metrics["estimate"][task_names[0]])
+  methods = _methods_of({t: metrics["estimate"][t] for t in task_names})
   truth = [metrics["true_mi"][t] for t in task_names]
   positions = np.arange(len(task_names))
   # An estimator that has not converged can be hundreds of nats off: such points are drawn at
@@ -309,7 +334,8 @@ def plot_large_mi(metrics: dict[str, Any]):
   top = 1.3 * max(max(truth), metrics["log_num_test"])
   ax.scatter(positions, truth, marker="_", s=600, color="black", label="true MI", zorder=3)
   for offset, m in zip(np.linspace(-0.3, 0.3, len(methods)), methods):
-    values = np.clip([metrics["estimate"][t][m] for t in task_names], -0.1 * top, top)
+    values = np.clip([metrics["estimate"][t].get(m, np.nan) for t in task_names], -0.1 * top,
+                     top)
     ax.scatter(positions + offset, values, s=14,
                label=m.upper() if m in estimators.PAPER_METHODS else m)
   ax.axhline(metrics["log_num_test"], ls="--", color="gray", lw=0.8, label="log N_test")

@@ -81,3 +81,27 @@ def test_fits_run_in_parallel_threads_give_the_same_estimates(tmp_path):
       config_lib.with_overrides(config, {"train": {"parallel_fits": 2}}), str(tmp_path / "two"))
   assert threaded.estimates == serial.estimates
   assert set(threaded.seconds) == {job.name for job in reproduction.fit_jobs(config)}
+
+
+def test_quick_fits_the_critics_only_on_their_tasks_and_long_everywhere():
+  quick, long = load("quick"), load("long")
+  critic_tasks = set(reproduction.critic_tasks(quick))
+  assert critic_tasks and critic_tasks < set(reproduction.selected_tasks(quick))
+  for job in reproduction.fit_jobs(quick):
+    assert job.method != "dv"
+    if job.method in estimators.CRITIC_METHODS:
+      assert set(job.tasks) <= critic_tasks
+  assert set(reproduction.critic_tasks(long)) == set(reproduction.selected_tasks(long))
+  assert "dv" in {job.method for job in reproduction.fit_jobs(long)}
+  # The paper's estimators still see every task in the quick preset.
+  jvf_tasks = {t for job in reproduction.fit_jobs(quick) if job.method == "jvf" for t in job.tasks}
+  assert jvf_tasks == set(reproduction.selected_tasks(quick))
+
+
+def test_summary_and_plots_take_estimators_missing_on_some_tasks():
+  estimates = {"normal-1x1": {"jvf": [0.1, 0.2]},
+               "gaussian-5x5-rho0.95": {"jvf": [5.8, 5.7], "infonce": [5.0, 5.1]}}
+  metrics, claims, _ = reproduction.summarize_benchmark(estimates, num_test=2500)
+  assert any(c["name"] == "large_mi_jvf_beats_infonce" for c in claims)
+  reproduction.plot_heatmap(metrics)
+  reproduction.plot_large_mi(metrics)
