@@ -55,6 +55,4 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
 
 if __name__ == "__main__":
-  # Every fit is a stack of independent (task, seed) replicas: one CPU device per core shards
-  # them (1.3x faster on 2 cores than one device).
-  cli.run(main, cpu_device_per_core=True)
+  cli.run(main)

@@ -135,18 +135,12 @@ def parse_flags(argv: list[str]) -> list[str]:
 SINGLE_PROCESS_STATUS = 3
 
 
-def run(experiment_main: ExperimentMain, *, single_process: str | None = None,
-        cpu_device_per_core: bool = False) -> None:
+def run(experiment_main: ExperimentMain, *, single_process: str | None = None) -> None:
   """Parses flags and runs `experiment_main(config, workdir)`.
 
   `single_process`: why this experiment must run in one process (e.g. a benchmark harness
   that times every item on one machine); started on several processes it then exits at once
   with that reason instead of running.
-
-  `cpu_device_per_core`: on a host without accelerators, split the CPU into one JAX device per
-  core (unless JAX_NUM_CPU_DEVICES says otherwise), for experiments whose work is independent
-  replicas sharded over the mesh: XLA:CPU runs one device's program on about one core, so a
-  single device leaves the others mostly idle.
   """
 
   def _main(argv: list[str]) -> None:
@@ -162,9 +156,7 @@ def run(experiment_main: ExperimentMain, *, single_process: str | None = None,
         enabled or os.environ.get("JAXLAB_DISTRIBUTED") == "1"):
       raise app.UsageError("--coordinator_address, --num_processes, --process_id and "
                            "--heartbeat_timeout_seconds need --distributed")
-    distributed = parallel.maybe_init_distributed(enabled, **explicit)
-    if cpu_device_per_core and not distributed:
-      host.use_one_cpu_device_per_core()
+    parallel.maybe_init_distributed(enabled, **explicit)
     import jax  # pylint: disable=g-import-not-at-top
     if single_process and jax.process_count() > 1:
       print(f"error: this experiment runs in one process only ({single_process}); it was started "

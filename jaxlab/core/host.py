@@ -36,18 +36,6 @@ def tune_allocator() -> bool:
   ))
 
 
-def use_one_cpu_device_per_core() -> int:
-  """Before JAX's backends start: as many CPU devices as this process may use cores (JAX's
-  default is one), unless JAX_NUM_CPU_DEVICES is set. Only the CPU backend is affected, so on a
-  GPU or TPU host this changes nothing. Returns the CPU device count asked for."""
-  import jax  # pylint: disable=g-import-not-at-top
-  if os.environ.get("JAX_NUM_CPU_DEVICES"):
-    return int(os.environ["JAX_NUM_CPU_DEVICES"])
-  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-  jax.config.update("jax_num_cpu_devices", max(1, cores or 1))
-  return max(1, cores or 1)
-
-
 # Compiles shorter than this are not worth a disk entry.
 _MIN_CACHED_COMPILE_S = 1.0
 

@@ -6,8 +6,8 @@ scores S[i, i] and the log-sum-exp of each row over all columns and over the off
 row-block, so a whole test set (bmi evaluates on all of it) fits in memory, and a training batch's
 backward pass recomputes each block instead of storing every pair's hidden activations. Measured
 on a 2-core CPU (InfoNCE training step, batch 256, 12 vmapped 3x3 fits, ms per step): one CPU
-device: 72 unblocked, 123 / 72 / 79 with 16 / 32 / 64-row blocks; two devices (the replicas
-sharded, as the experiment runs): 71 unblocked, 51 / 53 / 65. 32 rows is near the best of both.
+device (as the experiment runs): 72 unblocked, 123 / 72 / 79 with 16 / 32 / 64-row blocks; two
+devices with the replicas sharded: 71 unblocked, 51 / 53 / 65. 32 rows is near the best of both.
 """
 from __future__ import annotations
 
