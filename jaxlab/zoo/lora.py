@@ -36,11 +36,13 @@ def is_adaptable(path: tuple[str, ...], leaf: Any) -> bool:
   return bool(path) and path[-1] == "kernel" and getattr(leaf, "ndim", 0) >= 2
 
 
-def init(params: PyTree, rank: int, key: jax.Array, *,
-         where: KernelFilter = is_adaptable) -> dict[str, dict[str, jax.Array]]:
+def init(params: PyTree, rank: int, key: jax.Array, *, where: KernelFilter = is_adaptable,
+         cap_rank: bool = False) -> dict[str, dict[str, jax.Array]]:
   """Adapters {kernel path "a/b/kernel": {"a": [fan_in, rank], "b": [rank, out]}} with b = 0.
 
   A flat dict of string keys is itself a pytree, so optax, jax.grad and orbax take it as it is.
+  A kernel thinner than `rank` (min(fan_in, out) < rank, e.g. the input layer of a 2-D model) is
+  an error, or with `cap_rank` gets an adapter of rank min(fan_in, out): a full-rank update.
   """
   if rank < 1:
     raise ValueError(f"LoRA rank must be at least 1, got {rank}")
@@ -52,12 +54,13 @@ def init(params: PyTree, rank: int, key: jax.Array, *,
   adapters = {}
   for (path, kernel), subkey in zip(chosen, jax.random.split(key, len(chosen))):
     fan_in, out = int(kernel.size // kernel.shape[-1]), kernel.shape[-1]
-    if rank > min(fan_in, out):
+    if rank > min(fan_in, out) and not cap_rank:
       raise ValueError(f"LoRA rank {rank} exceeds min(fan_in, out) = {min(fan_in, out)} of "
                        f"kernel {'/'.join(path)} {tuple(kernel.shape)}")
+    kernel_rank = min(rank, fan_in, out)
     adapters[kernel_name(path)] = {
-        "a": jax.random.normal(subkey, (fan_in, rank), kernel.dtype) / jnp.sqrt(fan_in),
-        "b": jnp.zeros((rank, out), kernel.dtype)}
+        "a": jax.random.normal(subkey, (fan_in, kernel_rank), kernel.dtype) / jnp.sqrt(fan_in),
+        "b": jnp.zeros((kernel_rank, out), kernel.dtype)}
   return adapters
 
 

@@ -78,3 +78,11 @@ def test_bad_rank_and_foreign_adapters_fail_clearly():
   adapters = lora.init(params, rank=2, key=jax.random.key(0))
   with pytest.raises(ValueError, match="do not have"):
     lora.merge({"other": {"kernel": jnp.ones((6, 4))}}, adapters, 1.0)
+
+
+def test_cap_rank_gives_thin_kernels_a_full_rank_adapter():
+  params = {"thin": {"kernel": jnp.ones((2, 16))}, "wide": {"kernel": jnp.ones((16, 16))}}
+  adapters = lora.init(params, rank=4, key=jax.random.key(0), cap_rank=True)
+  assert adapters["thin/kernel"]["a"].shape == (2, 2)
+  assert adapters["thin/kernel"]["b"].shape == (2, 16)
+  assert adapters["wide/kernel"]["a"].shape == (16, 4)

@@ -135,7 +135,9 @@ def trainable_init(policy_params: PyTree, settings: Settings, key: jax.Array) ->
   """The trained variables: {"lora": adapters, "embedding": table} (lora) or {"params": all}."""
   if settings.finetune == "full":
     return {"params": policy_params}
-  trained = {"lora": lora.init(_without_embedding(policy_params), settings.lora_rank, key)}
+  # cap_rank: a low-dimensional sample's input and output layers are thinner than the rank.
+  trained = {"lora": lora.init(_without_embedding(policy_params), settings.lora_rank, key,
+                               cap_rank=True)}
   if EMBEDDING in policy_params:
     trained["embedding"] = policy_params[EMBEDDING]["embedding"]
   return trained
@@ -237,8 +239,9 @@ def objective(settings: Settings, sample_dims: int, log_reward_values: jax.Array
   else:
     loss = (-settings.loss_coeff * jnp.mean(reward)
             + settings.kl_weight * jnp.mean(kl_total) / sample_dims)
-  return loss, {"loss": loss, "reward": jnp.mean(reward), "kl": jnp.mean(kl_total),
-                "mean_p_label": jnp.mean(jnp.exp(log_reward_values))}
+  return loss, {"train/loss": loss, "train/reward": jnp.mean(reward),
+                "train/kl": jnp.mean(kl_total),
+                "train/mean_p_label": jnp.mean(jnp.exp(log_reward_values))}
 
 
 # ---------------------------------------------------------------------------------------------

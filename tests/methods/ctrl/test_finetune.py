@@ -115,7 +115,7 @@ def test_training_compiles_one_chunk_and_the_null_label_row_stays_zero(tmp_path)
   table = np.asarray(state["trained"]["embedding"])
   assert table.shape == (2, 3, 8)
   assert np.all(table[:, -1] == 0) and np.any(table[:, :2] != 0)
-  assert np.all(np.isfinite(np.asarray(metrics["loss"])))
+  assert np.all(np.isfinite(np.asarray(metrics["train/loss"])))
   # And through the public entry point, resumably: a second call trains nothing more.
   first = finetune.finetune(lambda p, x, t, y: model.apply(p, x, t, y), policy_params,
                             lambda p, x, t: base.apply(p, x, t), pretrained, SCHEDULE, reward,

@@ -1,0 +1,30 @@
+"""ctrl's config: bad values fail in `validate`, naming the key, before anything compiles."""
+import pathlib
+
+import pytest
+
+from experiments import ctrl as ctrl_experiment
+from jaxlab.core import config as config_lib
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+
+
+def smoke(**overrides):
+  config = config_lib.load_config(ROOT / "configs" / "ctrl.py", "smoke")
+  return config_lib.override(config, overrides) if overrides else config
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"ctrl.alpha": 0.0}, "alpha"),
+    ({"tasks": "mnist"}, "tasks"),
+    ({"baselines": "dps"}, "baselines"),
+    ({"data.offline_sizes": (5,)}, "offline_sizes"),
+    ({"toy2d.prior.num_steps": 1}, "num_steps"),
+])
+def test_bad_config_fails_before_compiling(overrides, message):
+  with pytest.raises(config_lib.ConfigError, match=message):
+    ctrl_experiment.validate(smoke(**overrides))
+
+
+def test_smoke_config_validates():
+  ctrl_experiment.validate(smoke())
