@@ -138,12 +138,12 @@ def test_vmapped_fits_equal_a_loop_over_classes_and_folds():
     fit_one = jax.jit(lambda w: auditor.fit_attacker(scores, labels, w, l2=L2, newton_steps=20))
     looped = np.stack([np.stack([np.asarray(fit_one(train[c, k])) for k in range(3)])
                        for c in range(2)])
-    np.testing.assert_allclose(batched, looped, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(batched, looped, rtol=1e-8, atol=1e-12)
     # The utility is minus the held-out log-loss of those attackers, over N.
     held_out = sum(np.sum(test[c, k] * np.logaddexp(0.0, -labels * attacker_logits(
         looped[c, k], scores))) for c in range(2) for k in range(3))
     utility = auditor.attacker_utility(scores, labels, train, test, l2=L2, newton_steps=20)
-    np.testing.assert_allclose(utility, -held_out / 30, rtol=1e-12)
+    np.testing.assert_allclose(utility, -held_out / 30, rtol=1e-8)
   assert len({tuple(np.round(p, 6)) for p in looped.reshape(6, 3)}) == 6  # distinct problems
 
 
