@@ -16,7 +16,7 @@ import ml_collections
 
 from jaxlab.core import config as config_lib
 
-TASKS = ("toy2d",)
+TASKS = ("toy2d", "digits_class", "digits_class_ink")
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -36,6 +36,22 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       architecture=ml_collections.ConfigDict(dict(width=128, num_blocks=3)),
       dataset_options=ml_collections.ConfigDict(dict(seed=0, modes=8, radius=2.0, std=0.2)),
       cache_dir=ml_collections.config_dict.placeholder(str)))))
+  # The digits prior: an MLP DDPM on the 8x8 training split (1,437 images; 360 held out), cached.
+  # The oracle that scores samples: a wider, deeper MLP on the whole training split.
+  c.digits = ml_collections.ConfigDict(dict(
+      prior=ml_collections.ConfigDict(dict(
+          dataset="digits", size=8, denoiser="residual_mlp", parameterization="eps",
+          schedule="linear", num_steps=50, steps=6000, batch_size=256, lr=1e-3,
+          warmup_fraction=0.05, grad_clip=1.0, ema_max=0.999, ema_power=0.75,
+          seed=c.get_ref("seed"),
+          architecture=ml_collections.ConfigDict(dict(width=256, num_blocks=3)),
+          dataset_options=ml_collections.ConfigDict(dict(num_test=360, split_seed=0)),
+          cache_dir=ml_collections.config_dict.placeholder(str))),
+      oracle=ml_collections.ConfigDict(dict(hidden=(256, 256, 256), steps=2000, seed=1234)),
+      # digits_class_ink: digit labels on 200 images, ink labels on 200, 50 of them in both.
+      ink=ml_collections.ConfigDict(dict(num_digit=200, num_ink=200, num_both=50)),
+      # num_candidates: prior samples the truth is accepted from; num_samples: per label.
+      eval=ml_collections.ConfigDict(dict(num_candidates=20_000, num_samples=200))))
   # The reward classifier p_hat(y | x): an MLP, temperature-scaled on a held-out 20%.
   c.reward = ml_collections.ConfigDict(dict(hidden=(64, 64), steps=1000,
                                             validation_fraction=0.2))
@@ -64,9 +80,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.train.update(dict(steps=4, log_every=2, ckpt_every=2))
     c.ctrl.update(dict(batch_size=16, sample_steps=5, num_seeds=2, chunk_steps=2, ckpt_every=2))
     c.toy2d.prior.num_steps = 10
+    c.digits.prior.update(dict(steps=10, batch_size=32, num_steps=10))
+    c.digits.prior.architecture.width = 16
+    c.digits.oracle.update(dict(hidden=(16,), steps=10))
+    c.digits.ink.update(dict(num_digit=20, num_ink=20, num_both=10))
+    c.digits.eval.update(dict(num_candidates=200, num_samples=4))
     c.guidance.noisy_classifier_steps = 20
     c.eval.update(dict(num_candidates=200, num_samples=40))
     c.baselines = "pretrained"   # the other baselines have their own unit tests
+    c.tasks = "digits_class_ink"   # the notebook runs toy2d; digits_class has a unit test
     c.cfg.weights = (1.0,)
     c.train.progress = False
   return config_lib.finalize(c)

@@ -36,26 +36,43 @@ def test_every_method_has_config_experiment_and_notebook():
     assert (ROOT / "jaxlab" / "methods" / slug / "README.md").exists()
 
 
-@pytest.mark.parametrize("slug", SLUGS)
-def test_smoke_train_checkpoint_resume(slug, tmp_path):
+def run_smoke(slug, workdir):
+  """Runs the smoke preset into `workdir`; checks results.json and the final checkpoints."""
   config = config_lib.load_config(ROOT / "configs" / f"{slug}.py", "smoke")
   steps = config.train.steps
-  run_main(slug, config, tmp_path)
-
-  payload = json.loads((tmp_path / "results.json").read_text())
+  run_main(slug, config, workdir)
+  payload = json.loads((workdir / "results.json").read_text())
   assert payload["slug"] == slug and payload["preset"] == "smoke"
   assert payload["metrics"] and isinstance(payload["claims"], list)
   if slug in EVALUATION_ONLY:
-    check_unit_resume(slug, config, tmp_path)
-    return
-  dirs = checkpoint_dirs(tmp_path)
+    return config
+  dirs = checkpoint_dirs(workdir)
   assert dirs, "the smoke run saved no checkpoint"
   for directory in dirs:
     assert checkpoint.latest_step(directory) == steps
     losses = [r["train/loss"] for r in metrics.read_jsonl(directory.parent)
               if "train/loss" in r]
     assert losses and np.all(np.isfinite(losses))
+  return config
 
+
+@pytest.mark.parametrize("slug", SLUGS)
+def test_smoke_train_and_checkpoint(slug, tmp_path):
+  run_smoke(slug, tmp_path)
+
+
+# Slow (`make test-all`): the resumed run re-evaluates everything, about 40% of a smoke test's
+# time; `make test` keeps the resume logic's own tests (core/test_train_loop, core/test_replicas
+# and each method's resumed-fit test).
+@pytest.mark.slow
+@pytest.mark.parametrize("slug", SLUGS)
+def test_smoke_train_checkpoint_resume(slug, tmp_path):
+  config = run_smoke(slug, tmp_path)
+  steps = config.train.steps
+  if slug in EVALUATION_ONLY:
+    check_unit_resume(slug, config, tmp_path)
+    return
+  dirs = checkpoint_dirs(tmp_path)
   longer = config_lib.override(config, {"train.steps": steps + 1})
   run_main(slug, longer, tmp_path)
   for directory in dirs:

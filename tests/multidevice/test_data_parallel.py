@@ -14,7 +14,7 @@ CONFIG = pathlib.Path(__file__).resolve().parents[2] / "configs" / "precision_ls
 
 
 def test_8_devices_present():
-  assert jax.device_count() == 8, "conftest.py must set JAX_NUM_CPU_DEVICES=8 before JAX starts"
+  assert jax.device_count() == 8, "conftest.py must set jax_num_cpu_devices=8 before JAX starts"
 
 
 def one_update(mesh, config):

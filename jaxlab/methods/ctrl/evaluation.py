@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 from scipy import linalg
@@ -31,7 +32,11 @@ def frechet_distance(a: np.ndarray, b: np.ndarray) -> float:
   mean_gap = np.sum(np.square(a.mean(0) - b.mean(0)))
   cov_a = np.atleast_2d(np.cov(a, rowvar=False))
   cov_b = np.atleast_2d(np.cov(b, rowvar=False))
-  root = linalg.sqrtm(cov_a @ cov_b)
+  with warnings.catch_warnings():
+    # Pixel data have constant pixels (a digit's corners), so covariances are singular: the
+    # square root of their product still exists, and scipy only warns.
+    warnings.simplefilter("ignore", linalg.LinAlgWarning)
+    root = linalg.sqrtm(cov_a @ cov_b)
   if np.iscomplexobj(root):
     root = root.real   # round-off makes tiny imaginary parts for near-singular covariances
   return float(max(mean_gap + np.trace(cov_a + cov_b - 2.0 * root), 0.0))

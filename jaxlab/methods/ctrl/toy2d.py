@@ -17,46 +17,20 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from jaxlab.core import config as config_lib
-from jaxlab.core import results
 from jaxlab.diffusion import priors
-from jaxlab.diffusion import sampling
-from jaxlab.methods.ctrl import baselines
 from jaxlab.methods.ctrl import classifiers
 from jaxlab.methods.ctrl import evaluation
-from jaxlab.methods.ctrl import finetune
+from jaxlab.methods.ctrl import study
 from jaxlab.methods.ctrl import tasks
 
 NUM_LABELS = 2
-BASELINES = ("pretrained", "reconstruction_guidance", "classifier_guidance", "cfg")
-
-
-def chain_sample(denoise: sampling.DenoiseFn, schedule, x_T: jax.Array, key: jax.Array, *,
-                 num_steps: int, parameterization: str,
-                 guidance: sampling.GuidanceFn | None = None) -> jax.Array:
-  """x0 of the shared chain (DDIM, eta = 1, ending at t = 0) under `denoise`."""
-  keys = jax.random.split(key, num_steps)
-  x0, _ = sampling.ddim_sample_with_kl(denoise, denoise, schedule, x_T, keys,
-                                       num_steps=num_steps, eta=1.0,
-                                       parameterization=parameterization, guidance=guidance)
-  return x0
-
-
-def prior_sampler(prior: priors.Prior, num: int, num_steps: int) -> Callable[[jax.Array], Any]:
-  """A jitted key -> `num` samples of the prior's chain (compiled once, called per draw)."""
-  def sample(params, key):
-    x_T = jax.random.normal(jax.random.fold_in(key, 1), (num, *prior.spec.sample_shape))
-    return chain_sample(lambda x, t: prior.apply(params, x, t), prior.schedule, x_T, key,
-                        num_steps=num_steps, parameterization=prior.spec.parameterization)
-  compiled = jax.jit(sample)
-  return lambda key: compiled(prior.params, key)
 
 
 @dataclasses.dataclass
@@ -70,8 +44,7 @@ class Reference:
 def reference_samples(prior: priors.Prior, fitted_log_prob: tasks.LogProb, num_candidates: int,
                       num_steps: int, seed: int) -> Reference:
   rng = np.random.default_rng(seed)
-  sample = prior_sampler(prior, num_candidates, num_steps)
-  draws = [np.asarray(sample(jax.random.key(seed * 3 + i))) for i in range(3)]
+  draws = study.prior_draws(prior, num_candidates, num_steps, [seed * 3 + i for i in range(3)])
   truth = {y: tasks.rejection_sample(draws[0], tasks.toy2d_log_prob, y, rng=rng)
            for y in range(NUM_LABELS)}
   target = {y: tasks.rejection_sample(draws[1], fitted_log_prob, y, rng=rng)
@@ -107,49 +80,6 @@ def noise_floor(reference: Reference, size: int, *, repeats: int = 5, seed: int 
   return float(np.mean(values))
 
 
-def summarize_seeds(per_seed: list[dict[str, float]]) -> dict[str, Any]:
-  """{metric: mean, metric_se: standard error, metric_seeds: [...]} over seeds."""
-  out: dict[str, Any] = {}
-  for key in per_seed[0]:
-    values = [s[key] for s in per_seed]
-    out[key] = float(np.mean(values))
-    out[f"{key}_se"] = results.standard_error(values)
-    out[f"{key}_seeds"] = values
-  return out
-
-
-def labelled_sampler(denoise_for: Callable[[Any, jax.Array], sampling.DenoiseFn], prior, *,
-                     num_steps: int, guidance_for=None) -> Callable[..., jax.Array]:
-  """A jitted (params, labels [B], key) -> x0 for a label-conditional denoiser (and guidance);
-  the params are an argument, so every seed's params share one compile."""
-  shape = prior.spec.sample_shape
-
-  def run(params, labels, key):
-    x_T = jax.random.normal(jax.random.fold_in(key, 1), (labels.shape[0], *shape))
-    return chain_sample(denoise_for(params, labels), prior.schedule, x_T, key,
-                        num_steps=num_steps, parameterization=prior.spec.parameterization,
-                        guidance=None if guidance_for is None else guidance_for(labels))
-  return jax.jit(run)
-
-
-def per_label_samples(sampler, params, num: int, key: jax.Array) -> dict[int, np.ndarray]:
-  return {y: np.asarray(sampler(params, jnp.full((num,), y, jnp.int32),
-                                jax.random.fold_in(key, y)))
-          for y in range(NUM_LABELS)}
-
-
-def score_seeds(sampler, params_per_seed: list, num: int, key_base: int, reference: Reference,
-                shown: dict[str, Any], name: str) -> dict[str, Any]:
-  """Scores `sampler` with each seed's params; keeps the first seed's samples in `shown`."""
-  per_seed = []
-  for s, params in enumerate(params_per_seed):
-    samples = per_label_samples(sampler, params, num, jax.random.key(key_base + s))
-    if s == 0:
-      shown[name] = samples
-    per_seed.append(score(samples, reference))
-  return summarize_seeds(per_seed)
-
-
 def run_size(config: ml_collections.ConfigDict, prior: priors.Prior, num_offline: int,
              workdir: str) -> dict[str, Any]:
   """Every method at one offline set size N; returns the metrics of `metrics.toy2d.n<N>`."""
@@ -162,80 +92,14 @@ def run_size(config: ml_collections.ConfigDict, prior: priors.Prior, num_offline
       key=jax.random.fold_in(key, 0), validation_fraction=config.reward.validation_fraction)
   fitted = lambda xs, ys: np.asarray(reward.log_prob(jnp.asarray(xs, jnp.float32),
                                                      jnp.asarray(ys)))
-  steps = config.ctrl.sample_steps
-  reference = reference_samples(prior, fitted, config.eval.num_candidates, steps, config.seed)
-  num = config.eval.num_samples
-  seeds = config.ctrl.num_seeds
-  apply, policy_params = baselines.prior_network(prior, NUM_LABELS)
-  reference_apply = prior.apply
-  out: dict[str, Any] = {}
-
-  # CTRL
-  tuned = finetune.finetune(apply, policy_params, reference_apply, prior.params, prior.schedule,
-                            reward.log_prob,
-                            finetune.Settings.from_config(config.ctrl, num_labels=NUM_LABELS),
-                            jax.random.fold_in(key, 1),
-                            sample_shape=prior.spec.sample_shape,
-                            workdir=os.path.join(workdir, f"ctrl_n{num_offline}"),
-                            progress=config.train.progress, desc=f"ctrl toy2d n={num_offline}")
-  shown: dict[str, Any] = {}
-  conditional = labelled_sampler(lambda p, labels: (lambda xt, t: apply(p, xt, t, labels)),
-                                 prior, num_steps=steps)
-  out["ctrl"] = score_seeds(conditional, tuned.params, num, 100, reference, shown, "ctrl")
-  last = tuned.history[-1] if tuned.history else {}
-  train = {"reward": last.get("train/reward"), "kl": last.get("train/kl"),
-           "wall_s": tuned.wall_s}
-
-  # Pretrained (no control) and the guidances.
-  chosen = config_lib.select_names(config, "baselines", BASELINES)
-  base = lambda p, labels: (lambda xt, t: prior.apply(p, xt, t))
-  unconditional = [prior.params] * seeds
-  if "pretrained" in chosen:
-    pretrained = labelled_sampler(base, prior, num_steps=steps)
-    out["pretrained"] = score_seeds(pretrained, unconditional, num, 200, reference, shown,
-                                    "pretrained")
-  if "reconstruction_guidance" in chosen:
-    denoise = lambda xt, t: prior.apply(prior.params, xt, t)
-    reconstruction = labelled_sampler(base, prior, num_steps=steps, guidance_for=lambda labels:
-                                      baselines.reconstruction_guidance(
-                                          denoise, prior.schedule, reward.log_prob, labels,
-                                          config.guidance.scale,
-                                          parameterization=prior.spec.parameterization))
-    out["reconstruction_guidance"] = score_seeds(reconstruction, unconditional, num, 300,
-                                                 reference, shown, "reconstruction_guidance")
-  if "classifier_guidance" in chosen:
-    noisy = classifiers.fit_noisy(x, y, NUM_LABELS, prior.schedule,
-                                  hidden=tuple(config.reward.hidden),
-                                  steps=config.guidance.noisy_classifier_steps,
-                                  key=jax.random.fold_in(key, 2))
-    guided = labelled_sampler(base, prior, num_steps=steps, guidance_for=lambda labels:
-                              baselines.classifier_guidance(noisy, prior.schedule, labels,
-                                                            config.guidance.scale))
-    out["classifier_guidance"] = score_seeds(guided, unconditional, num, 400, reference, shown,
-                                             "classifier_guidance")
-  if "cfg" not in chosen:
-    return _size_result(out, reference, num, train, reward_report, shown)
-
-  # CFG, fine-tuned on the N labelled points for CTRL's steps x batch.
-  cfg_settings = baselines.CfgSettings(steps=config.cfg.steps, batch_size=config.cfg.batch_size,
-                                       lr=config.cfg.lr, label_dropout=config.cfg.label_dropout)
-  cfg_params = baselines.cfg_finetune(apply, policy_params, prior.schedule, x, y, NUM_LABELS,
-                                      cfg_settings, jax.random.fold_in(key, 3),
-                                      parameterization=prior.spec.parameterization,
-                                      num_seeds=seeds)
-  cfg_per_seed = [jax.tree.map(lambda leaf, s=s: leaf[s], cfg_params) for s in range(seeds)]
-  for weight in config.cfg.weights:
-    sampler = labelled_sampler(
-        lambda p, labels, w=weight: baselines.cfg_denoiser(apply, p, labels, NUM_LABELS, w),
-        prior, num_steps=steps)
-    out[f"cfg_w{weight:g}"] = score_seeds(sampler, cfg_per_seed, num, 500, reference, shown,
-                                          f"cfg_w{weight:g}")
-  return _size_result(out, reference, num, train, reward_report, shown)
-
-
-def _size_result(out, reference, num, train, reward_report, shown) -> dict[str, Any]:
-  shown["truth"] = reference.truth
-  return {"methods": out, "noise_floor": noise_floor(reference, num), "ctrl_train": train,
-          "reward_classifier": reward_report,
-          "truth_accepted": {str(k): len(v) for k, v in reference.truth.items()},
-          "samples": shown}
+  reference = reference_samples(prior, fitted, config.eval.num_candidates,
+                                config.ctrl.sample_steps, config.seed)
+  problem = study.Problem(num_labels=NUM_LABELS, reward=reward.log_prob, labelled_x=x,
+                          labelled_y=y, score=lambda samples: score(samples, reference),
+                          truth=reference.truth)
+  row = study.run_methods(config, prior, problem, config.eval.num_samples,
+                          os.path.join(workdir, f"n{num_offline}"),
+                          desc=f"ctrl toy2d n={num_offline}")
+  return dict(row, noise_floor=noise_floor(reference, config.eval.num_samples),
+              reward_classifier=reward_report,
+              truth_accepted={str(k): len(v) for k, v in reference.truth.items()})

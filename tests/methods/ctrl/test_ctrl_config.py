@@ -28,3 +28,13 @@ def test_bad_config_fails_before_compiling(overrides, message):
 
 def test_smoke_config_validates():
   ctrl_experiment.validate(smoke())
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"data.offline_sizes": (5000,)}, "offline_sizes"),
+    ({"digits.ink.num_both": 500}, "num_both"),
+    ({"digits.prior.denoiser": "transformer"}, "denoiser"),
+])
+def test_bad_digits_config_fails_before_compiling(overrides, message):
+  with pytest.raises(config_lib.ConfigError, match=message):
+    ctrl_experiment.validate(smoke(**overrides))

@@ -114,7 +114,9 @@ def test_jvf_at_initialisation_is_jvg_and_its_loss_is_the_gaussian_joint_entropy
 
 
 # NWJ, DV and NVG share the loop and the critic / heads tested here and above.
-@pytest.mark.parametrize("method", ["jvf", "nvf", "infonce", "mine"])
+# One estimator in `make test`; the others (about 20 s each) in `make test-all`.
+@pytest.mark.parametrize("method", ["jvf", *(pytest.param(m, marks=pytest.mark.slow)
+                                             for m in ("nvf", "infonce", "mine"))])
 def test_trained_estimators_converge_on_a_gaussian(method):
   x, y, truth = correlated(1200, 1, 0.8, seed=1)
   value = estimators.estimate(x, y, method, seed=0, steps=300, batch_size=128, **FAST)
