@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
+import functools
 import json
 import os
 import pathlib
@@ -130,6 +132,32 @@ def matmul_peak(dtype, size: int = 2048, repeats: int = 10) -> float:
 def xla_flops(fn, *args) -> float:
   """FLOPs of one call of `fn` as XLA's cost analysis counts them (a scan body counts once)."""
   return (jax.jit(fn).lower(*args).compile().cost_analysis() or {}).get("flops", float("nan"))
+
+
+@contextlib.contextmanager
+def unrolled_scans():
+  """Every `jax.lax.scan` traced inside is fully unrolled."""
+  original = jax.lax.scan
+  jax.lax.scan = functools.partial(original, unroll=True)
+  try:
+    yield
+  finally:
+    jax.lax.scan = original
+
+
+def unrolled_flops(fn, *args) -> float:
+  """`xla_flops` of `fn` traced afresh with every `jax.lax.scan` fully unrolled (XLA's cost
+  analysis counts a rolled scan body once, whatever its length)."""
+  with unrolled_scans():
+    return xla_flops(lambda *a: fn(*a), *args)   # a new function: no cached (rolled) trace
+
+
+def perturbed(params, key, scale: float = 0.01):
+  """`params` + scale N(0, 1) on every leaf (so no zero-initialised layer makes work trivial)."""
+  leaves, tree = jax.tree.flatten(params)
+  keys = jax.random.split(key, len(leaves))
+  return jax.tree.unflatten(tree, [p + scale * jax.random.normal(k, p.shape, p.dtype)
+                                   for p, k in zip(leaves, keys)])
 
 
 def machine() -> str:

@@ -17,8 +17,6 @@ There is no official figure: the official code fine-tunes Stable Diffusion.
 """
 from __future__ import annotations
 
-import contextlib
-import functools
 import pathlib
 import sys
 import time
@@ -29,7 +27,7 @@ import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 import numpy as np  # pylint: disable=g-import-not-at-top
 
-from benchmarks.common import brief_mark, cut, machine, matmul_peak, preset_command_line, publish, time_call, writes_results, xla_flops  # pylint: disable=g-import-not-at-top
+from benchmarks.common import brief_mark, cut, machine, matmul_peak, perturbed, preset_command_line, publish, time_call, unrolled_flops, writes_results  # pylint: disable=g-import-not-at-top
 from jaxlab.diffusion import priors  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.ctrl import baselines  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.ctrl import classifiers  # pylint: disable=g-import-not-at-top
@@ -37,28 +35,12 @@ from jaxlab.methods.ctrl import finetune  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.ctrl import tasks  # pylint: disable=g-import-not-at-top
 
 
-@contextlib.contextmanager
-def _unrolled_scans():
-  original = jax.lax.scan
-  jax.lax.scan = functools.partial(original, unroll=True)
-  try:
-    yield
-  finally:
-    jax.lax.scan = original
-
-
-def perturbed(params, key, scale: float = 0.01):
-  leaves, tree = jax.tree.flatten(params)
-  keys = jax.random.split(key, len(leaves))
-  return jax.tree.unflatten(tree, [p + scale * jax.random.normal(k, p.shape, p.dtype)
-                                   for p, k in zip(leaves, keys)])
-
-
 def random_prior(spec: priors.PriorSpec, num_labels: int, key):
   """(reference apply, labelled apply, reference params) of a random prior of `spec`."""
   unlabelled, reference_apply = priors.network(spec)
   _, labelled_apply = priors.network(spec, num_labels=num_labels + 1)
-  return reference_apply, labelled_apply, perturbed(unlabelled.init(key), jax.random.fold_in(key, 1))
+  params = perturbed(unlabelled.init(key), jax.random.fold_in(key, 1))
+  return reference_apply, labelled_apply, params
 
 
 def task_rows(name, spec, num_labels, config, peak, args, key) -> list[str]:
@@ -101,8 +83,7 @@ def task_rows(name, spec, num_labels, config, peak, args, key) -> list[str]:
                                   kl)[0]
       return jax.grad(loss)(trained)
     trained = finetune.trainable_init(policy_params, settings, key)
-    with _unrolled_scans():
-      flops = xla_flops(lambda t, k: one_update(t, k), trained, key) * settings.num_seeds
+    flops = unrolled_flops(one_update, trained, key) * settings.num_seeds
     gflops = flops / seconds / 1e9
     rows.append(f"| {name} | update, remat {'on' if remat else 'off'} ({settings.num_seeds} "
                 f"seeds x batch {settings.batch_size}, {settings.sample_steps} steps) | "

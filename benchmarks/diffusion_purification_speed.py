@@ -27,8 +27,6 @@ they are the FLOPs actually executed; the XLA count with the scans rolled is sho
 """
 from __future__ import annotations
 
-import contextlib
-import functools
 import pathlib
 import sys
 
@@ -37,7 +35,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
-from benchmarks.common import brief_mark, cut, publish, machine, matmul_peak, preset_command_line, time_call, train_step_row, xla_flops, writes_results  # pylint: disable=g-import-not-at-top
+from benchmarks.common import brief_mark, cut, publish, machine, matmul_peak, perturbed, preset_command_line, time_call, train_step_row, unrolled_flops, xla_flops, writes_results  # pylint: disable=g-import-not-at-top
 from jaxlab.diffusion import priors  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.diffusion_purification import attacks  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.diffusion_purification import evaluation  # pylint: disable=g-import-not-at-top
@@ -45,30 +43,6 @@ from jaxlab.methods.diffusion_purification import models  # pylint: disable=g-im
 from jaxlab.methods.diffusion_purification import purification  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.diffusion_purification import rbgm  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.diffusion_purification import training  # pylint: disable=g-import-not-at-top
-
-
-
-@contextlib.contextmanager
-def _unrolled_scans():
-  original = jax.lax.scan
-  jax.lax.scan = functools.partial(original, unroll=True)
-  try:
-    yield
-  finally:
-    jax.lax.scan = original
-
-
-def unrolled_flops(fn, *args) -> float:
-  """`xla_flops` of `fn` traced afresh with every `jax.lax.scan` fully unrolled."""
-  with _unrolled_scans():
-    return xla_flops(lambda *a: fn(*a), *args)   # a new function: no cached (rolled) trace
-
-
-def perturbed(params, key, scale: float = 0.01):
-  leaves, tree = jax.tree.flatten(params)
-  keys = jax.random.split(key, len(leaves))
-  return jax.tree.unflatten(tree, [p + scale * jax.random.normal(k, p.shape, p.dtype)
-                                   for p, k in zip(leaves, keys)])
 
 
 def main() -> None:
