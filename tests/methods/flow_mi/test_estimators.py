@@ -63,6 +63,14 @@ def test_ksg_equals_brute_force():
   np.testing.assert_allclose(ours, brute_force_ksg(x, y, 4), rtol=1e-10)
 
 
+def test_ksg_counts_tied_neighbours_with_multiplicity():
+  x, y, _ = correlated(70, 1, 0.6, seed=4)
+  x, y = np.round(x * 2) / 2, np.round(y * 2) / 2
+  with jax.enable_x64(True):
+    ours = float(ksg.ksg(jnp.asarray(x), jnp.asarray(y), k=3, row_block=32))
+  np.testing.assert_allclose(ours, brute_force_ksg(x, y, 3), rtol=1e-10)
+
+
 def test_critic_bounds_equal_their_definitions_on_a_full_score_matrix():
   with jax.enable_x64(True):
     critic = functional.Functional(lambda rngs: models.PairCritic(2, 3, hidden=(5, 4),
