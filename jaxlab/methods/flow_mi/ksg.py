@@ -23,35 +23,27 @@ def ksg(x: jax.Array, y: jax.Array, k: int = 5, row_block: int = 128) -> jax.Arr
 
 
 def kth_smallest(dist: jax.Array, k: int) -> jax.Array:
-  """The k-th smallest entry of each row of `dist` [B, N], ties counted with multiplicity."""
-  columns = jnp.arange(dist.shape[-1])
+  """The k-th smallest entry of `dist` [N], ties counted with multiplicity."""
+  def drop_minimum(d, _):
+    nearest = jnp.argmin(d)
+    return d.at[nearest].set(jnp.inf), d[nearest]
 
-  def drop_row_minimum(d, _):
-    nearest = jnp.argmin(d, axis=-1)
-    smallest = jnp.take_along_axis(d, nearest[:, None], axis=-1)[:, 0]
-    return jnp.where(columns[None] == nearest[:, None], jnp.inf, d), smallest
-
-  _, smallest = jax.lax.scan(drop_row_minimum, dist, None, length=k)
+  _, smallest = jax.lax.scan(drop_minimum, dist, None, length=k)
   return smallest[-1]
 
 
 def _ksg_impl(x, y, k, row_block):
   n = x.shape[0]
-  others = jnp.arange(n)
 
-  def block(args):
-    x_block, y_block, rows = args
-    is_self = rows[:, None] == others[None]
-    dist_x = jnp.where(is_self, jnp.inf, jnp.max(jnp.abs(x_block[:, None] - x[None]), axis=-1))
-    dist_y = jnp.where(is_self, jnp.inf, jnp.max(jnp.abs(y_block[:, None] - y[None]), axis=-1))
-    eps = kth_smallest(jnp.maximum(dist_x, dist_y), k)[:, None]
-    return jnp.sum(dist_x < eps, axis=-1), jnp.sum(dist_y < eps, axis=-1)
+  def row(args):
+    x_i, y_i, i = args
+    is_self = jnp.arange(n) == i
+    dist_x = jnp.where(is_self, jnp.inf, jnp.max(jnp.abs(x - x_i[None]), axis=-1))
+    dist_y = jnp.where(is_self, jnp.inf, jnp.max(jnp.abs(y - y_i[None]), axis=-1))
+    eps = kth_smallest(jnp.maximum(dist_x, dist_y), k)
+    return jnp.sum(dist_x < eps), jnp.sum(dist_y < eps)
 
-  pad = (-n) % row_block
-  as_blocks = lambda a: jnp.pad(a, ((0, pad),) + ((0, 0),) * (a.ndim - 1)).reshape(
-      (-1, row_block) + a.shape[1:])
-  count_x, count_y = jax.lax.map(block, (as_blocks(x), as_blocks(y), as_blocks(others)))
-  count_x, count_y = count_x.reshape(-1)[:n], count_y.reshape(-1)[:n]
+  count_x, count_y = jax.lax.map(row, (x, y, jnp.arange(n)), batch_size=row_block)
   return (digamma(float(k)) + digamma(float(n))
           - jnp.mean(digamma(count_x + 1.0) + digamma(count_y + 1.0)))
 
