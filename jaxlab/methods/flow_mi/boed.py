@@ -69,7 +69,10 @@ def posterior_predictive(model: LocationFinding, key: jax.Array, particles: jax.
   """(theta [C, n, 2], z [C, n, 1]) drawn from the current posterior at every candidate."""
   def one(key, design):
     pick_key, noise_key = jax.random.split(key)
-    index = jax.random.categorical(pick_key, log_weights, shape=(num_samples,))
+    # Inverse-CDF draws: categorical's Gumbel-max would make [num_samples, num_particles]
+    # noise per candidate (196M numbers per experiment at the quick sizes, ~7 s on CPU).
+    index = jax.random.choice(pick_key, log_weights.shape[0], (num_samples,),
+                              p=jax.nn.softmax(log_weights))
     theta = particles[index]
     return theta, model.observe(noise_key, theta, design)[:, None]
   return jax.vmap(one)(jax.random.split(key, designs.shape[0]), designs)
@@ -92,13 +95,21 @@ def oracle_information_gain(model: LocationFinding, key: jax.Array, particles: j
   return jax.lax.map(lambda args: one(*args), (thetas, zs, designs))
 
 
+@functools.partial(jax.jit, static_argnums=3)
+def _split_every_set(thetas: jax.Array, zs: jax.Array, keys: jax.Array,
+                     train_fraction: float) -> fitting.FitData:
+  """`estimators.split` of every (theta, z) sample set, compiled once (eagerly, each experiment
+  of a design run paid seconds of per-op dispatch here)."""
+  return jax.vmap(lambda t, z, k: estimators.split(t, z, k, train_fraction, True))(
+      thetas, zs, keys)
+
+
 def estimated_information_gain(method: str, key: jax.Array, thetas: jax.Array, zs: jax.Array,
                                options: estimators.Options) -> np.ndarray:
   """MI estimate for every (theta, z) sample set ([D] from [D, n, 2], [D, n, 1]), all fitted
   together (the seed axis of `fitting.fit` runs over runs x candidates)."""
   keys = jax.random.split(key, thetas.shape[0])
-  data = jax.vmap(lambda t, z, k: estimators.split(t, z, k, options.train_fraction, True))(
-      thetas, zs, keys)
+  data = _split_every_set(thetas, zs, keys, options.train_fraction)
   if method in estimators.CLOSED_FORM:
     return estimators.closed_form(method, data, options)
   trainable = estimators.trainable(method, 2, 1, options)
