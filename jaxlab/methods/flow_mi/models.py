@@ -13,6 +13,7 @@ from typing import Sequence
 from flax import nnx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxlab.zoo import flows
 from jaxlab.zoo import mlp
@@ -82,16 +83,32 @@ class NeuralVariational(nnx.Module):
     self.scale_net = mlp.MLP([dim_y, *head_hidden, dim_x * (dim_x + 1) // 2],
                              activation="relu", rngs=rngs)
 
-  def conditional(self, y: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Mean [B, dx] and covariance [B, dx, dx] of q(. | y)."""
-    d = self.dim_x
-    rows, cols = jnp.tril_indices(d)
+  def factor_entries(self, y: jax.Array) -> jax.Array:
+    """L(y)'s lower triangle [B, d (d + 1) / 2], rows in order, its diagonal through softplus."""
+    rows, cols = np.tril_indices(self.dim_x)
     raw = self.scale_net(y)
-    lower = jnp.zeros(y.shape[:-1] + (d, d), y.dtype).at[..., rows, cols].set(raw)
-    eye = jnp.eye(d, dtype=y.dtype).reshape((1,) * (lower.ndim - 2) + (d, d))
-    lower = jnp.where(eye > 0, jax.nn.softplus(lower), lower)
-    cov = lower @ jnp.swapaxes(lower, -1, -2) + 1e-5 * eye
-    return self.mean_net(y), cov
+    return jnp.where(jnp.asarray(rows == cols), jax.nn.softplus(raw), raw)
+
+  def conditional_moments(self, y: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Mean [B, dx] and L's lower-triangle entries [B, dx (dx + 1) / 2] of q(. | y)."""
+    return self.mean_net(y), self.factor_entries(y)
+
+  def conditional(self, y: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Mean [B, dx] and covariance L L^T + jitter I [B, dx, dx] of q(. | y)."""
+    mean, entries = self.conditional_moments(y)
+    return mean, covariance_of_factor(entries, self.dim_x)
+
+
+COVARIANCE_JITTER = 1e-5
+
+
+def covariance_of_factor(entries: jax.Array, dim: int) -> jax.Array:
+  """L L^T + jitter I [..., d, d] from L's lower-triangle entries [..., d (d + 1) / 2]."""
+  rows, cols = np.tril_indices(dim)
+  lower = jnp.zeros(entries.shape[:-1] + (dim, dim), entries.dtype).at[..., rows, cols].set(
+      entries)
+  eye = jnp.eye(dim, dtype=entries.dtype).reshape((1,) * (lower.ndim - 2) + (dim, dim))
+  return lower @ jnp.swapaxes(lower, -1, -2) + COVARIANCE_JITTER * eye
 
 
 class PairCritic(nnx.Module):

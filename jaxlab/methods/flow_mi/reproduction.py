@@ -46,11 +46,29 @@ def selected_estimators(config: ml_collections.ConfigDict) -> list[str]:
   return config_lib.select_names(config, "data.estimators", estimators.ALL_METHODS)
 
 
+def _restricted_tasks(config: ml_collections.ConfigDict, key: str) -> list[str]:
+  chosen = set(config_lib.select_names(config, key, tasks_lib.TASKS))
+  return [name for name in selected_tasks(config) if name in chosen]
+
+
 def critic_tasks(config: ml_collections.ConfigDict) -> list[str]:
   """The tasks the critic baselines (InfoNCE, NWJ, DV, MINE) are fitted on (`data.critic_tasks`,
   default every selected task)."""
-  chosen = set(config_lib.select_names(config, "data.critic_tasks", tasks_lib.TASKS))
-  return [name for name in selected_tasks(config) if name in chosen]
+  return _restricted_tasks(config, "data.critic_tasks")
+
+
+def nv_tasks(config: ml_collections.ConfigDict) -> list[str]:
+  """The tasks NVG and NVF are fitted on (`data.nv_tasks`, default every selected task)."""
+  return _restricted_tasks(config, "data.nv_tasks")
+
+
+def method_tasks(config: ml_collections.ConfigDict, method: str) -> list[str]:
+  """The selected tasks `method` is fitted on."""
+  if method in estimators.CRITIC_METHODS:
+    return critic_tasks(config)
+  if method in estimators.NV_METHODS:
+    return nv_tasks(config)
+  return selected_tasks(config)
 
 
 def _methods_of(table: dict[str, dict[str, Any]]) -> list[str]:
@@ -63,6 +81,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   selected_tasks(config)
   selected_estimators(config)
   critic_tasks(config)
+  nv_tasks(config)
   num_train = int(round(config.data.num_samples * config.data.train_fraction))
   config_lib.require(0 < config.data.train_fraction < 1, "data.train_fraction",
                      f"must be in (0, 1), got {config.data.train_fraction}")
@@ -170,14 +189,11 @@ class FitJob(NamedTuple):
 def fit_jobs(config: ml_collections.ConfigDict) -> list[FitJob]:
   """Every (shape group, estimator, batch) fit of the benchmark, in sweep order."""
   groups = groups_by_shape(selected_tasks(config))
-  with_critics = set(critic_tasks(config))
+  tasks_of = {method: set(method_tasks(config, method)) for method in selected_estimators(config)}
   jobs = []
   for shape, names in groups.items():
-    for method in selected_estimators(config):
-      if method in estimators.CRITIC_METHODS:
-        names_here = [n for n in names if n in with_critics]
-      else:
-        names_here = names
+    for method, fitted in tasks_of.items():
+      names_here = [n for n in names if n in fitted]
       if names_here:
         jobs += [FitJob(shape, method, batch, nv_steps, label)
                  for batch, nv_steps, label in fit_batches(config, names_here, method)]
@@ -294,7 +310,7 @@ def plot_heatmap(metrics: dict[str, Any]):
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   task_names = list(metrics["estimate"])
   methods = _methods_of(metrics["estimate"])
-  # An estimator not fitted on a task (the critics outside `data.critic_tasks`) is a blank cell.
+  # An estimator not fitted on a task (see `method_tasks`) is a blank cell.
   relative = np.array([[metrics["abs_error"][t].get(m, np.nan) / max(metrics["true_mi"][t], 1e-9)
                         for m in methods] for t in task_names])
   fig, ax = plt.subplots(figsize=(1.0 + 0.8 * len(methods), 1.0 + 0.32 * len(task_names)))

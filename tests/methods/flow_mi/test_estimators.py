@@ -104,6 +104,8 @@ def test_neural_variational_conditional_log_density_matches_scipy():
     u = jax.random.normal(jax.random.key(2), (4, 3), jnp.float64)
     mean, cov = module.conditional(y)
     ours = objectives.gaussian_log_prob(u, mean, cov)
+    np.testing.assert_allclose(objectives.factor_log_prob(u, *module.conditional_moments(y)),
+                               ours, rtol=1e-10)
     for i in range(4):
       assert np.all(np.linalg.eigvalsh(np.asarray(cov[i])) > 0)
       np.testing.assert_allclose(ours[i], stats.multivariate_normal(
@@ -111,22 +113,25 @@ def test_neural_variational_conditional_log_density_matches_scipy():
 
 
 @pytest.mark.parametrize("dim", [1, 4, 7])
-def test_gaussian_log_prob_unrolled_and_lapack_paths_agree_with_scipy(dim):
+def test_factor_log_prob_unrolled_and_lapack_paths_agree_with_scipy(dim):
   # dim 7 takes the LAPACK path, 1 and 4 the unrolled one; gradients are checked against
   # finite differences on the unrolled path.
   with jax.enable_x64(True):
     keys = jax.random.split(jax.random.key(dim), 3)
-    a = jax.random.normal(keys[0], (3, dim, dim), jnp.float64)
-    cov = a @ jnp.swapaxes(a, -1, -2) + 0.1 * jnp.eye(dim)[None]
+    rows, cols = np.tril_indices(dim)
+    entries = jax.random.normal(keys[0], (3, len(rows)), jnp.float64)
+    entries = jnp.where(jnp.asarray(rows == cols), 0.5 + jnp.abs(entries), entries)
+    cov = models.covariance_of_factor(entries, dim)
     mean = jax.random.normal(keys[1], (3, dim), jnp.float64)
     u = jax.random.normal(keys[2], (3, dim), jnp.float64)
-    ours = objectives.gaussian_log_prob(u, mean, cov)
+    ours = objectives.factor_log_prob(u, mean, entries)
     for i in range(3):
       np.testing.assert_allclose(ours[i], stats.multivariate_normal(
           np.asarray(mean[i]), np.asarray(cov[i])).logpdf(np.asarray(u[i])), rtol=1e-10)
-    if dim <= objectives.UNROLLED_CHOLESKY_MAX_DIM:
-      jax_test_util.check_grads(lambda u, m, c: objectives.gaussian_log_prob(u, m, c).sum(),
-                                (u, mean, cov), order=1, modes=["rev"])
+    np.testing.assert_allclose(ours, objectives.gaussian_log_prob(u, mean, cov), rtol=1e-10)
+    if dim <= objectives.UNROLLED_MAX_DIM:
+      jax_test_util.check_grads(lambda u, m, e: objectives.factor_log_prob(u, m, e).sum(),
+                                (u, mean, entries), order=1, modes=["rev"])
 
 
 def test_jvf_at_initialisation_is_jvg_and_its_loss_is_the_gaussian_joint_entropy():

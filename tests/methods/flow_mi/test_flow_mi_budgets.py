@@ -57,9 +57,11 @@ def test_nv_long_tasks_of_a_shape_group_are_fitted_as_their_own_batch():
   assert reproduction.fit_batches(config, long_only, "nvf") == [(long_only, 3000, "")]
 
 
-def test_an_unknown_nv_steps_task_fails_naming_the_key():
-  config = config_lib.with_overrides(load("quick"), {"train": {"nv_steps_tasks": "gausian-5x5"}})
-  with pytest.raises(config_lib.ConfigError, match="nv_steps_tasks"):
+@pytest.mark.parametrize("group,key", [("train", "nv_steps_tasks"), ("data", "nv_tasks"),
+                                       ("data", "critic_tasks")])
+def test_an_unknown_task_in_a_task_list_fails_naming_the_key(group, key):
+  config = config_lib.with_overrides(load("quick"), {group: {key: "gausian-5x5"}})
+  with pytest.raises(config_lib.ConfigError, match=key):
     reproduction.validate(config)
 
 
@@ -86,15 +88,22 @@ def test_fits_run_in_parallel_threads_give_the_same_estimates(tmp_path):
   assert set(threaded.seconds) == {job.name for job in reproduction.fit_jobs(config)}
 
 
-def test_quick_fits_the_critics_only_on_their_tasks_and_long_everywhere():
+def test_quick_fits_the_critics_and_nv_only_on_their_tasks_and_long_everywhere():
   quick, long = load("quick"), load("long")
   critic_tasks = set(reproduction.critic_tasks(quick))
+  nv_tasks = set(reproduction.nv_tasks(quick))
   assert critic_tasks and critic_tasks < set(reproduction.selected_tasks(quick))
+  assert nv_tasks and nv_tasks < set(reproduction.selected_tasks(quick))
+  fitted = {}
   for job in reproduction.fit_jobs(quick):
     assert job.method != "dv"
-    if job.method in estimators.CRITIC_METHODS:
-      assert set(job.tasks) <= critic_tasks
+    fitted.setdefault(job.method, set()).update(job.tasks)
+  assert fitted["infonce"] == critic_tasks and fitted["nvf"] == nv_tasks == fitted["nvg"]
+  # Every NV fit of the quick preset is on a large-MI task, so at the 3,000-step budget.
+  assert all(job.nv_steps == 3_000 for job in reproduction.fit_jobs(quick)
+             if job.method in estimators.NV_METHODS)
   assert set(reproduction.critic_tasks(long)) == set(reproduction.selected_tasks(long))
+  assert set(reproduction.nv_tasks(long)) == set(reproduction.selected_tasks(long))
   assert "dv" in {job.method for job in reproduction.fit_jobs(long)}
   # The paper's estimators still see every task in the quick preset.
   jvf_tasks = {t for job in reproduction.fit_jobs(quick) if job.method == "jvf" for t in job.tasks}
