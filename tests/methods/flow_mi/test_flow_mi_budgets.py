@@ -88,20 +88,20 @@ def test_fits_run_in_parallel_threads_give_the_same_estimates(tmp_path):
   assert set(threaded.seconds) == {job.name for job in reproduction.fit_jobs(config)}
 
 
-def test_quick_fits_the_critics_and_nv_only_on_their_tasks_and_long_everywhere():
+def test_critics_and_nv_are_fitted_only_on_their_tasks_and_long_everywhere():
   quick, long = load("quick"), load("long")
   critic_tasks = set(reproduction.critic_tasks(quick))
   nv_tasks = set(reproduction.nv_tasks(quick))
   assert critic_tasks and critic_tasks < set(reproduction.selected_tasks(quick))
-  assert nv_tasks and nv_tasks < set(reproduction.selected_tasks(quick))
+  assert nv_tasks == set(reproduction.selected_tasks(quick))
   fitted = {}
   for job in reproduction.fit_jobs(quick):
     assert job.method != "dv"
     fitted.setdefault(job.method, set()).update(job.tasks)
   assert fitted["infonce"] == critic_tasks and fitted["nvf"] == nv_tasks == fitted["nvg"]
-  # Every NV fit of the quick preset is on a large-MI task, so at the 3,000-step budget.
-  assert all(job.nv_steps == 3_000 for job in reproduction.fit_jobs(quick)
-             if job.method in estimators.NV_METHODS)
+  restricted = config_lib.with_overrides(quick, {"data": {"nv_tasks": "gaussian-5x5-rho0.95"}})
+  assert {t for job in reproduction.fit_jobs(restricted) if job.method == "nvf"
+          for t in job.tasks} == {"gaussian-5x5-rho0.95"}
   assert set(reproduction.critic_tasks(long)) == set(reproduction.selected_tasks(long))
   assert set(reproduction.nv_tasks(long)) == set(reproduction.selected_tasks(long))
   assert "dv" in {job.method for job in reproduction.fit_jobs(long)}
