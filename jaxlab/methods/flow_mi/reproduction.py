@@ -39,7 +39,11 @@ def options_from_config(config: ml_collections.ConfigDict) -> estimators.Options
 
 
 def selected_tasks(config: ml_collections.ConfigDict) -> list[str]:
-  return config_lib.select_names(config, "data.tasks", tasks_lib.TASKS)
+  """`data.tasks` less `data.skip_tasks`."""
+  skipped = set(config_lib.select_names(config, "data.skip_tasks", tasks_lib.TASKS,
+                                        allow_empty=True))
+  return [name for name in config_lib.select_names(config, "data.tasks", tasks_lib.TASKS)
+          if name not in skipped]
 
 
 def selected_estimators(config: ml_collections.ConfigDict) -> list[str]:
