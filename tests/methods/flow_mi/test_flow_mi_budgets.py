@@ -116,6 +116,19 @@ def test_critics_and_nv_are_fitted_only_on_their_tasks_and_long_everywhere():
   assert jvf_tasks == set(reproduction.selected_tasks(quick))
 
 
+def test_claims_leave_out_baselines_not_fitted_on_their_tasks():
+  # NVF fitted on the large-MI Gaussians only (the quick preset's data.nv_tasks): the
+  # transformed-task claim must not average it over no task (a NaN results.json refuses).
+  estimates = {"gaussian-5x5-rho0.95": {"jvf": [5.8], "jvg": [5.8], "infonce": [5.0],
+                                        "nvf": [5.5]},
+               "cube-gaussian-5x5-rho0.95": {"jvf": [5.5], "jvg": [4.5]}}
+  _, claims, _ = reproduction.summarize_benchmark(estimates, num_test=2500)
+  transformed = next(c for c in claims if c["name"] == "marginal_transforms_jvf_beats_gaussian")
+  assert set(transformed["baselines"]) == {"jvg"}
+  large = next(c for c in claims if c["name"] == "large_mi_jvf_beats_infonce")
+  assert set(large["baselines"]) == {"nvf", "infonce"}
+
+
 def test_summary_and_plots_take_estimators_missing_on_some_tasks():
   estimates = {"normal-1x1": {"jvf": [0.1, 0.2]},
                "gaussian-5x5-rho0.95": {"jvf": [5.8, 5.7], "infonce": [5.0, 5.1]}}
