@@ -27,10 +27,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Which baselines run beside CTRL: pretrained, reconstruction_guidance, classifier_guidance, cfg.
   c.baselines = "all"
   c.data = ml_collections.ConfigDict(dict(offline_sizes=(50, 1000)))
-  # The toy prior: an MLP DDPM on the ring, T = 50 (cached by jaxlab.diffusion.priors).
+  # The toy prior: an MLP DDPM on the ring (cached by jaxlab.diffusion.priors). T = 1000 with
+  # DDPM's linear betas, so that x_T is N(0, I) as the sampler assumes (at T = 50 these betas keep
+  # alpha_bar_T = 0.60); the chains take `ctrl.sample_steps` DDIM steps of it, as the official
+  # code takes 50 of Stable Diffusion's 1,000.
   c.toy2d = ml_collections.ConfigDict(dict(prior=ml_collections.ConfigDict(dict(
       dataset="gaussian_ring", size=20_000, denoiser="residual_mlp", parameterization="eps",
-      schedule="linear", num_steps=50, steps=4000, batch_size=256, lr=1e-3,
+      schedule="linear", num_steps=1000, steps=4000, batch_size=256, lr=1e-3,
       warmup_fraction=0.05, grad_clip=1.0, ema_max=0.999, ema_power=0.75,
       seed=c.get_ref("seed"),
       architecture=ml_collections.ConfigDict(dict(width=128, num_blocks=3)),
@@ -41,7 +44,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.digits = ml_collections.ConfigDict(dict(
       prior=ml_collections.ConfigDict(dict(
           dataset="digits", size=8, denoiser="residual_mlp", parameterization="eps",
-          schedule="linear", num_steps=50, steps=6000, batch_size=256, lr=1e-3,
+          schedule="linear", num_steps=1000, steps=6000, batch_size=256, lr=1e-3,
           warmup_fraction=0.05, grad_clip=1.0, ema_max=0.999, ema_power=0.75,
           seed=c.get_ref("seed"),
           architecture=ml_collections.ConfigDict(dict(width=256, num_blocks=3)),
@@ -57,12 +60,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                                             validation_fraction=0.2))
   # CTRL (jaxlab.methods.ctrl.finetune.Settings; num_labels comes from the task).
   # CTRL's RL updates are the shared train.steps (checkpointed and resumed by core.replicas).
-  c.train.update(dict(steps=300, log_every=50, ckpt_every=150))
+  # 400 updates of batch 64: where toy2d's objective reaches its optimum -log Z on a T = 1,000
+  # prior (results/ablations/ctrl_convergence_toy2d_n50_T1000_cpu.json).
+  c.train.update(dict(steps=400, log_every=50, ckpt_every=200))
   c.ctrl = ml_collections.ConfigDict(dict(
-      steps=c.train.get_ref("steps"), batch_size=128, sample_steps=25, eta=1.0, parameterization="eps", alpha=1.0,
+      steps=c.train.get_ref("steps"), batch_size=64, sample_steps=25, eta=1.0, parameterization="eps", alpha=1.0,
       kl_reduction="sum", finetune="lora", lora_rank=4, lora_lr=1e-3, embedding_lr=1e-2,
       weight_decay=0.1, grad_clip=5.0, truncation="none", remat=True, num_seeds=3,
-      chunk_steps=50, ckpt_every=150))
+      chunk_steps=50, ckpt_every=200))
   # CFG fine-tuned on the offline labels: CTRL's steps x batch, label dropout 0.1, w = 1 and 3.
   c.cfg = ml_collections.ConfigDict(dict(steps=c.ctrl.get_ref("steps"),
                                          batch_size=c.ctrl.get_ref("batch_size"), lr=1e-3,
@@ -79,8 +84,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.reward.update(dict(hidden=(8,), steps=20))
     c.train.update(dict(steps=4, log_every=2, ckpt_every=2))
     c.ctrl.update(dict(batch_size=16, sample_steps=5, num_seeds=2, chunk_steps=2, ckpt_every=2))
-    c.toy2d.prior.num_steps = 10
-    c.digits.prior.update(dict(steps=10, batch_size=32, num_steps=10))
+    c.digits.prior.update(dict(steps=10, batch_size=32))
     c.digits.prior.architecture.width = 16
     c.digits.oracle.update(dict(hidden=(16,), steps=10))
     c.digits.ink.update(dict(num_digit=20, num_ink=20, num_both=10))

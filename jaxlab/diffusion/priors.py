@@ -46,6 +46,9 @@ from jaxlab.diffusion import schedules
 FORMAT_VERSION = 1
 CACHE_ENV = "JAXLAB_CACHE"
 SCHEDULES = ("linear", "cosine")
+SCHEDULE_BETAS = {"linear": schedules.linear_betas, "cosine": schedules.cosine_betas}
+# The largest alpha_bar_T a prior may keep: its sampler starts from N(0, I).
+MAX_TERMINAL_ALPHA_BAR = 0.01
 SOURCES = ("trained", "resumed", "loaded")
 
 
@@ -134,6 +137,12 @@ class PriorSpec:
         fail(key, f"must be positive, got {getattr(self, key)}")
     if self.num_steps < 2:
       fail("num_steps", f"must be at least 2, got {self.num_steps}")
+    terminal = schedules.terminal_alpha_bar(SCHEDULE_BETAS[self.schedule](self.num_steps))
+    if terminal > MAX_TERMINAL_ALPHA_BAR:
+      fail("num_steps", f"the {self.schedule} schedule with T = {self.num_steps} keeps "
+           f"alpha_bar_T = {terminal:.3g} of the data in x_T, but sampling starts from N(0, I) "
+           f"(at most {MAX_TERMINAL_ALPHA_BAR} allowed): DDPM's linear betas need T near 1,000; "
+           "the cosine schedule reaches 0 at any T")
     if not self.lr > 0:
       fail("lr", f"must be positive, got {self.lr}")
     if not 0 <= self.warmup_fraction < 1:

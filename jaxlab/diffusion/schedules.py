@@ -63,18 +63,28 @@ def _check_num_steps(num_steps: int):
     raise ValueError(f"num_steps must be at least 1, got {num_steps}")
 
 
-def linear_schedule(num_steps: int = 1000, beta_start: float = 1e-4,
-                    beta_end: float = 2e-2) -> Schedule:
-  """DDPM's schedule: betas evenly spaced from `beta_start` to `beta_end` (inclusive)."""
+def linear_betas(num_steps: int = 1000, beta_start: float = 1e-4,
+                 beta_end: float = 2e-2) -> np.ndarray:
+  """float64 [T]: DDPM's betas, evenly spaced from `beta_start` to `beta_end` (inclusive).
+
+  The endpoints are DDPM's for T = 1000; with far fewer steps they add too little noise for
+  x_T to be N(0, I) (T = 50: alpha_bar_T = 0.60; see `terminal_alpha_bar`).
+  """
   _check_num_steps(num_steps)
   if not 0 < beta_start <= beta_end < 1:
     raise ValueError(f"need 0 < beta_start <= beta_end < 1, got {beta_start}, {beta_end}")
-  return _schedule_from_betas(np.linspace(beta_start, beta_end, num_steps, dtype=np.float64))
+  return np.linspace(beta_start, beta_end, num_steps, dtype=np.float64)
 
 
-def cosine_schedule(num_steps: int = 1000, offset: float = 0.008,
-                    max_beta: float = 0.999) -> Schedule:
-  """The cosine schedule of Nichol & Dhariwal (2021).
+def linear_schedule(num_steps: int = 1000, beta_start: float = 1e-4,
+                    beta_end: float = 2e-2) -> Schedule:
+  """DDPM's schedule (`linear_betas`)."""
+  return _schedule_from_betas(linear_betas(num_steps, beta_start, beta_end))
+
+
+def cosine_betas(num_steps: int = 1000, offset: float = 0.008,
+                 max_beta: float = 0.999) -> np.ndarray:
+  """float64 [T]: the cosine schedule of Nichol & Dhariwal (2021).
 
   With f(u) = cos(((u / T + offset) / (1 + offset)) * pi / 2)^2, step t takes alpha_bar from
   f(t) / f(0) to f(t + 1) / f(0), so beta_t = 1 - f(t + 1) / f(t), clipped at `max_beta` (the
@@ -84,8 +94,19 @@ def cosine_schedule(num_steps: int = 1000, offset: float = 0.008,
   _check_num_steps(num_steps)
   steps = np.arange(num_steps + 1, dtype=np.float64)
   f = np.cos((steps / num_steps + offset) / (1 + offset) * (math.pi / 2)) ** 2
-  betas = np.minimum(1.0 - f[1:] / f[:-1], max_beta)
-  return _schedule_from_betas(betas)
+  return np.minimum(1.0 - f[1:] / f[:-1], max_beta)
+
+
+def cosine_schedule(num_steps: int = 1000, offset: float = 0.008,
+                    max_beta: float = 0.999) -> Schedule:
+  """The cosine schedule (`cosine_betas`)."""
+  return _schedule_from_betas(cosine_betas(num_steps, offset, max_beta))
+
+
+def terminal_alpha_bar(betas: np.ndarray) -> float:
+  """alpha_bar_T of `betas`: how much of x_0 the last noisy state keeps. A sampler that starts
+  from N(0, I) assumes it is ~0; far above, the chain starts from a law the model never saw."""
+  return float(np.prod(1.0 - np.asarray(betas, np.float64)))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from jaxlab.diffusion import priors
+from jaxlab.diffusion import schedules
 
 SPEC = dict(dataset="digits", size=8, denoiser="residual_mlp", parameterization="eps",
             schedule="cosine", num_steps=10, steps=4, batch_size=16, lr=1e-3,
@@ -66,6 +67,16 @@ def test_the_cache_root_is_the_argument_then_the_environment_then_home(tmp_path,
 def test_bad_specs_fail_naming_the_key(changes, key):
   with pytest.raises(ValueError, match=key):
     spec(**changes)
+
+
+def test_a_schedule_that_never_reaches_noise_fails_naming_num_steps():
+  # DDPM's linear betas at T = 50 keep alpha_bar_T = 0.60: the sampler's N(0, I) start is a law
+  # the model never saw. T = 1000 (DDPM's) and the cosine schedule at any T reach ~0.
+  with pytest.raises(ValueError, match=r"num_steps.*alpha_bar_T = 0\.603"):
+    spec(schedule="linear", num_steps=50)
+  assert spec(schedule="linear", num_steps=1000).num_steps == 1000
+  assert spec(schedule="cosine", num_steps=10).num_steps == 10
+  assert schedules.terminal_alpha_bar(schedules.linear_betas(1000)) < 1e-4
 
 
 def test_a_prior_on_two_dimensional_points(tmp_path):

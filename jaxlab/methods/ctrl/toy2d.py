@@ -1,6 +1,6 @@
 """The toy2d study: CTRL and its baselines on the 8-Gaussian ring, against the exact answer.
 
-The prior is an MLP DDPM (T = 50) pretrained on the ring; p(y = 1 | x) = sigmoid(4 x_1) is known,
+The prior is an MLP DDPM (T = 1000) pretrained on the ring; p(y = 1 | x) = sigmoid(4 x_1) is known,
 so the law CTRL targets, p_pre(x) p(y | x) / Z, can be sampled exactly by rejection from the
 prior's own chain ("truth"); "target" is the same with the fitted, temperature-scaled reward
 classifier in place of the true p, the best a method that only sees the N offline labels can
