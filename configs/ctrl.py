@@ -67,7 +67,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       steps=c.train.get_ref("steps"), batch_size=64, sample_steps=25, eta=1.0, parameterization="eps", alpha=1.0,
       kl_reduction="sum", finetune="lora", lora_rank=4, lora_lr=1e-3, embedding_lr=1e-2,
       weight_decay=0.1, grad_clip=5.0, truncation="none", remat=True, num_seeds=3,
-      chunk_steps=50, ckpt_every=200))
+      chunk_steps=50, ckpt_every=200,
+      # The last two of the 25 DDIM steps (t = 79, 39) keep the pretrained denoiser: left to the
+      # policy, the nearly noiseless last step takes all of digits' KL and nothing is learned
+      # (results/ablations/ctrl_convergence_digits_class_n50_*T1000_cpu.json). A deviation.
+      policy_min_t=100))
   # CFG fine-tuned on the offline labels: CTRL's steps x batch, label dropout 0.1, w = 1 and 3.
   c.cfg = ml_collections.ConfigDict(dict(steps=c.ctrl.get_ref("steps"),
                                          batch_size=c.ctrl.get_ref("batch_size"), lr=1e-3,

@@ -79,6 +79,11 @@ class Settings:
   grad_clip: float = 5.0
   truncation: str = "none"
   max_truncation: int | None = None   # K_max (None: sample_steps)
+  # Below this timestep the policy is the pretrained denoiser (0: it acts at every step). The
+  # last DDIM steps are nearly noiseless (sigma = 0.010 into t = 0 on T = 1,000), so any change
+  # there costs 1 / (2 sigma^2) nats per unit squared while the reward's gradient is largest
+  # there; left free, the digits policy spends its KL there and never learns (README).
+  policy_min_t: int = 0
   remat: bool = True
   unroll: int = 1
   num_seeds: int = 1
@@ -106,6 +111,7 @@ class Settings:
     require(self.max_truncation is None or 0 <= self.max_truncation <= self.sample_steps,
             "max_truncation", f"must be in [0, sample_steps = {self.sample_steps}], got "
             f"{self.max_truncation}")
+    require(self.policy_min_t >= 0, "policy_min_t", f"must be >= 0, got {self.policy_min_t}")
     require(self.ckpt_every % self.chunk_steps == 0, "ckpt_every",
             f"must be a multiple of chunk_steps = {self.chunk_steps}, got {self.ckpt_every}")
 
@@ -204,6 +210,20 @@ def gradient_mask(settings: Settings, key: jax.Array, fixed_k: jax.Array | None 
   return jnp.arange(settings.sample_steps) >= cut
 
 
+def policy_denoiser(policy_apply: PolicyApply, params: PyTree, reference_apply: ReferenceApply,
+                    reference_params: PyTree, labels: jax.Array, settings: Settings
+                    ) -> Callable[[jax.Array, jax.Array], jax.Array]:
+  """(x_t, t) -> the tuned policy's denoiser output: the policy's at t >= policy_min_t, the
+  pretrained model's below (the same chain in training and at sampling time)."""
+  def denoise(x, t):
+    tuned = policy_apply(params, x, t, labels)
+    if settings.policy_min_t <= 0:
+      return tuned
+    acting = (t >= settings.policy_min_t).reshape((-1,) + (1,) * (x.ndim - 1))
+    return jnp.where(acting, tuned, reference_apply(reference_params, x, t))
+  return denoise
+
+
 def sample_with_kl(policy_apply: PolicyApply, params: PyTree, reference_apply: ReferenceApply,
                    reference_params: PyTree, schedule: schedules.Schedule, labels: jax.Array,
                    key: jax.Array, settings: Settings, sample_shape: tuple[int, ...], *,
@@ -213,7 +233,7 @@ def sample_with_kl(policy_apply: PolicyApply, params: PyTree, reference_apply: R
   x_T = jax.random.normal(noise_key, (labels.shape[0], *sample_shape))
   keys = jax.random.split(steps_key, settings.sample_steps)
   return sampling.ddim_sample_with_kl(
-      lambda x, t: policy_apply(params, x, t, labels),
+      policy_denoiser(policy_apply, params, reference_apply, reference_params, labels, settings),
       lambda x, t: reference_apply(reference_params, x, t), schedule, x_T, keys,
       num_steps=settings.sample_steps, eta=settings.eta,
       parameterization=settings.parameterization, remat=settings.remat,

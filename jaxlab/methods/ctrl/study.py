@@ -131,15 +131,15 @@ def run_methods(config: ml_collections.ConfigDict, prior: priors.Prior, problem:
   out: dict[str, Any] = {}
   shown: dict[str, Any] = {}
 
+  ctrl_settings = finetune.Settings.from_config(ctrl_group, num_labels=problem.num_labels)
   tuned = finetune.finetune(apply, policy_params, prior.apply, prior.params, prior.schedule,
-                            problem.reward,
-                            finetune.Settings.from_config(ctrl_group,
-                                                          num_labels=problem.num_labels),
+                            problem.reward, ctrl_settings,
                             jax.random.fold_in(key, 1), sample_shape=prior.spec.sample_shape,
                             workdir=os.path.join(workdir, "ctrl"),
                             progress=config.train.progress, desc=desc)
-  conditional = labelled_sampler(lambda p, labels: (lambda xt, t: apply(p, xt, t, labels)),
-                                 prior, num_steps=steps)
+  conditional = labelled_sampler(
+      lambda p, labels: finetune.policy_denoiser(apply, p, prior.apply, prior.params, labels,
+                                                 ctrl_settings), prior, num_steps=steps)
   out["ctrl"] = score_seeds(conditional, tuned.params, num, 100, problem, shown, "ctrl")
   last = tuned.history[-1] if tuned.history else {}
   train = {"reward": last.get("train/reward"), "kl": last.get("train/kl"),

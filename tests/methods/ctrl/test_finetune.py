@@ -79,6 +79,31 @@ def test_tuned_chain_matches_the_reward_tilted_untrained_chain(alpha):
   assert abs(base.mean() - target_mean) > 0.3
 
 
+def test_below_policy_min_t_the_chain_is_the_reference_and_pays_no_kl():
+  # A policy far from the reference: with policy_min_t it acts only on the steps at t >= 40.
+  params = {"w1": jnp.full(T, 0.3), "w0": jnp.full(T, 0.5)}
+  labels = jnp.zeros(64, jnp.int32)
+  timesteps = np.asarray(finetune.sampling.ddim_timesteps(T, STEPS))
+  free, kl_free = finetune.sample_with_kl(policy_apply, params, reference_apply, None, SCHEDULE,
+                                          labels, jax.random.key(0), settings(), (1,))
+  held, kl_held = finetune.sample_with_kl(policy_apply, params, reference_apply, None, SCHEDULE,
+                                          labels, jax.random.key(0), settings(policy_min_t=40),
+                                          (1,))
+  acting = timesteps >= 40
+  assert acting.any() and not acting.all()
+  np.testing.assert_array_equal(np.asarray(kl_held)[~acting], 0.0)
+  assert np.all(np.asarray(kl_free)[~acting] > 0)
+  np.testing.assert_allclose(np.asarray(kl_held)[acting][0], np.asarray(kl_free)[acting][0],
+                             rtol=1e-6)
+  x = jnp.ones((2, 1))
+  for t, expected in ((39, reference_apply(None, x, jnp.full(2, 39))),
+                      (40, policy_apply(params, x, jnp.full(2, 40), None))):
+    denoise = finetune.policy_denoiser(policy_apply, params, reference_apply, None, labels[:2],
+                                       settings(policy_min_t=40))
+    np.testing.assert_allclose(denoise(x, jnp.full(2, t)), expected)
+  assert not np.allclose(free, held)
+
+
 def test_kl_is_zero_at_init_with_lora_and_a_zero_label_table():
   model = functional.Functional(lambda rngs: residual_mlp.ResidualMLP(
       in_features=4, out_features=4, width=8, num_blocks=1, rngs=rngs))
