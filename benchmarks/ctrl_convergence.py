@@ -36,9 +36,12 @@ from jaxlab.methods.ctrl import study  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.ctrl import classifiers  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.ctrl import tasks  # pylint: disable=g-import-not-at-top
 
-# Named overrides of the `ctrl` settings; "default" is the quick preset's.
+# Named overrides of the `ctrl` settings; "default" is the quick preset's (policy_min_t = 100
+# since commit 280a9e5; the committed runs in results/ablations made before it had no such
+# setting, i.e. the policy acted everywhere, as "policy_everywhere" does).
 VARIANTS = {
     "default": {},
+    "policy_everywhere": dict(policy_min_t=0),
     "lr10": dict(lora_lr=1e-2, embedding_lr=1e-1),
     "rank16": dict(lora_rank=16),
     "full": dict(finetune="full"),
@@ -46,24 +49,9 @@ VARIANTS = {
     "no_wd": dict(weight_decay=0.0),
     "official_kl": dict(kl_reduction="mean"),
     "per_step": dict(truncation="per_step"),
-    # The policy acts only at t >= 100: the reference's denoiser below (see policy_for).
-    "frozen_below_t100": {},
+    # The policy acts only at t >= 100, the pretrained denoiser below (`policy_min_t`).
+    "frozen_below_t100": dict(policy_min_t=100),
 }
-# Variants whose policy is the pretrained denoiser below this timestep (no KL there, and no
-# reward gradient into the last, nearly noiseless steps).
-FROZEN_BELOW = {"frozen_below_t100": 100}
-
-
-def policy_for(name: str, apply, prior):
-  """The policy's apply for a variant: `apply`, or the prior's denoiser below FROZEN_BELOW."""
-  if name not in FROZEN_BELOW:
-    return apply
-  cutoff = FROZEN_BELOW[name]
-
-  def frozen(params, x, t, labels):
-    acting = (t >= cutoff).reshape((-1,) + (1,) * (x.ndim - 1))
-    return jnp.where(acting, apply(params, x, t, labels), prior.apply(prior.params, x, t))
-  return frozen
 
 
 def problem_for(task: str, n: int, config):
@@ -154,13 +142,12 @@ def main() -> None:
         config.ctrl, num_labels=num_labels, steps=args.steps, num_seeds=args.seeds,
         ckpt_every=config.ctrl.chunk_steps, **VARIANTS[name])
     start = time.perf_counter()
-    policy_apply = policy_for(name, apply, prior)
-    run = finetune.finetune(policy_apply, policy_params, prior.apply, prior.params, prior.schedule,
+    run = finetune.finetune(apply, policy_params, prior.apply, prior.params, prior.schedule,
                             log_reward, settings, jax.random.key(1),
                             sample_shape=prior.spec.sample_shape, progress=False, desc=name)
     curves[name] = {"wall_s": time.perf_counter() - start, "settings": VARIANTS[name],
                     "history": [{k: float(v) for k, v in r.items()} for r in run.history],
-                    "final_policy": diagnose(run, policy_apply, prior, log_reward, settings,
+                    "final_policy": diagnose(run, apply, prior, log_reward, settings,
                                              num_labels)}
     last = run.history[-1]
     print(f"  {name:14s} {curves[name]['wall_s']:7.1f} s  loss {last['train/loss']:.3f} "
