@@ -86,7 +86,7 @@ def optimum(prior, log_reward, num_labels: int, sample_steps: int, num: int = 20
   log_z, opt_reward, pre_reward, tiny = [], [], [], []
   for y in range(num_labels):
     log_p = log_reward(x0, jnp.full((num,), y, jnp.int32))
-    reward = jnp.logaddexp(log_p, math.log(finetune.REWARD_FLOOR))
+    reward = finetune.floored_reward(log_p)
     log_z.append(float(jax.scipy.special.logsumexp(reward) - math.log(num)))
     weights = jax.nn.softmax(reward)
     opt_reward.append(float(jnp.sum(weights * reward)))

@@ -249,10 +249,15 @@ def sample(policy_apply: PolicyApply, params: PyTree, reference_apply: Reference
   return x0
 
 
+def floored_reward(log_reward_values: jax.Array) -> jax.Array:
+  """The reward CTRL maximises: log(p(y | x0) + 1e-6), from log p(y | x0)."""
+  return jnp.logaddexp(log_reward_values, math.log(REWARD_FLOOR))
+
+
 def objective(settings: Settings, sample_dims: int, log_reward_values: jax.Array,
               kl: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
   """(loss, metrics) from log p(y | x0) [B] and the per-step KL [K, B]."""
-  reward = jnp.logaddexp(log_reward_values, math.log(REWARD_FLOOR))   # log(p + 1e-6)
+  reward = floored_reward(log_reward_values)
   kl_total = jnp.sum(kl, axis=0)                                       # [B]
   if settings.kl_reduction == "sum":
     loss = -jnp.mean(reward) + settings.alpha * jnp.mean(kl_total)
