@@ -8,6 +8,11 @@
   are affine functions of one another, so the combination is the same in every parameterization.
 * `reconstruction_guidance`: the gradient of log p(y | x0_hat(x_t)) through the denoiser's own
   x0 estimate, with the reward classifier trained on clean images (no noisy classifier needed).
+  By default weighted by sqrt(alpha_bar_t) (`weighting="sqrt_alpha_bar"`): x0_hat =
+  (x_t - sqrt(1 - alpha_bar_t) eps_hat) / sqrt(alpha_bar_t) multiplies the denoiser's error by
+  1 / sqrt(alpha_bar_t) (about 160 at t = 999 of DDPM's linear schedule), and unweighted the
+  samples of a learned prior leave the data; with the weight, x0_hat moves by about
+  scale (1 - alpha_bar_t) grad_{x0} log p, a step in x0's own units (as DPS normalises its step).
 * `classifier_guidance`: the gradient of log p(y | x_t, t) of a classifier trained on noised
   images (`classifiers.fit_noisy`).
 
@@ -110,18 +115,29 @@ def _eps_correction(schedule: schedules.Schedule, t: jax.Array, grad: jax.Array,
   return -scale * sigma.astype(grad.dtype) * grad
 
 
+RECONSTRUCTION_WEIGHTINGS = ("sqrt_alpha_bar", "none")
+
+
 def reconstruction_guidance(denoise: sampling.DenoiseFn, schedule: schedules.Schedule,
                             log_reward: Callable[[jax.Array, jax.Array], jax.Array],
-                            labels: jax.Array, scale: float, *, parameterization: str = "eps"
-                            ) -> sampling.GuidanceFn:
-  """Guidance by grad_x log p(y | x0_hat(x_t)), x0_hat the denoiser's estimate."""
+                            labels: jax.Array, scale: float, *, parameterization: str = "eps",
+                            weighting: str = "sqrt_alpha_bar") -> sampling.GuidanceFn:
+  """Guidance by grad_x log p(y | x0_hat(x_t)), x0_hat the denoiser's estimate, times
+  sqrt(alpha_bar_t) (`weighting="sqrt_alpha_bar"`) or not (`"none"`: the plain rule)."""
+  if weighting not in RECONSTRUCTION_WEIGHTINGS:
+    raise ValueError(f"unknown reconstruction-guidance weighting {weighting!r}; choose one of "
+                     f"{RECONSTRUCTION_WEIGHTINGS}")
   def log_p(x, t):
     x0_hat, _ = schedules.to_x0_and_eps(schedule, x, t, denoise(x, t), parameterization)
     return jnp.sum(log_reward(x0_hat, labels))
 
   def guidance(x_t, t, x0_hat):
     del x0_hat
-    return _eps_correction(schedule, t, jax.grad(log_p)(x_t, t), scale)
+    grad = jax.grad(log_p)(x_t, t)
+    if weighting == "sqrt_alpha_bar":
+      weight = jnp.sqrt(schedule.alphas_cumprod[t]).reshape((-1,) + (1,) * (grad.ndim - 1))
+      grad = weight.astype(grad.dtype) * grad
+    return _eps_correction(schedule, t, grad, scale)
   return guidance
 
 

@@ -158,7 +158,8 @@ def run_methods(config: ml_collections.ConfigDict, prior: priors.Prior, problem:
                                       baselines.reconstruction_guidance(
                                           denoise, prior.schedule, problem.reward, labels,
                                           config.guidance.scale,
-                                          parameterization=prior.spec.parameterization))
+                                          parameterization=prior.spec.parameterization,
+                                          weighting=config.guidance.reconstruction_weighting))
     out["reconstruction_guidance"] = score_seeds(reconstruction, unconditional, num, 300,
                                                  problem, shown, "reconstruction_guidance")
   if "classifier_guidance" in chosen:
