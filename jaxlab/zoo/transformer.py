@@ -280,3 +280,38 @@ class Decoder(nnx.Module):
     for block, key in zip(self.blocks, keys):
       x = block(x, positions=positions, mask=mask, rng=key)
     return self.final_norm(x)
+
+
+# ---------------------------------------------------------------------------------------------
+# Decoding.
+
+
+def greedy_generate(logits_fn, tokens: jax.Array, segments: jax.Array, prompt_len: jax.Array,
+                    max_new: int, *, new_segment: int = 3) -> tuple[jax.Array, jax.Array]:
+  """Greedy decoding into a fixed-length buffer, one full forward pass per new token.
+
+  logits_fn(tokens [B, L], segments [B, L]) -> logits [B, L, V] (causal, so what lies beyond a
+  row's current end does not matter). tokens, segments: [B, L] buffers holding each prompt in
+  its first `prompt_len[b]` positions. Returns (tokens, segments) with `max_new` argmax tokens
+  written after each prompt (segment `new_segment`); a row that reaches the end of the buffer
+  stops there. One `lax.scan` of fixed length: nothing recompiles per prompt length.
+  """
+  chex.assert_rank([tokens, segments], 2)
+  chex.assert_equal_shape([tokens, segments])
+  batch, length = tokens.shape
+  prompt_len = jnp.broadcast_to(jnp.asarray(prompt_len, jnp.int32), (batch,))
+  positions = jnp.arange(length)
+
+  def step(carry, index):
+    tokens, segments = carry
+    last = prompt_len + index - 1                   # the position whose logits come next
+    logits = logits_fn(tokens, segments)
+    picked = jnp.take_along_axis(logits, jnp.clip(last, 0, length - 1)[:, None, None], axis=1)
+    new = jnp.argmax(picked[:, 0], axis=-1).astype(tokens.dtype)
+    write = (positions[None] == (last + 1)[:, None]) & ((last + 1) < length)[:, None]
+    tokens = jnp.where(write, new[:, None], tokens)
+    segments = jnp.where(write, jnp.asarray(new_segment, segments.dtype), segments)
+    return (tokens, segments), None
+
+  (tokens, segments), _ = jax.lax.scan(step, (tokens, segments), jnp.arange(max_new))
+  return tokens, segments

@@ -189,3 +189,42 @@ def test_dropout_acts_only_with_an_rng_and_gradients_are_finite():
   leaves = jax.tree.leaves(grads)
   assert all(np.all(np.isfinite(g)) for g in leaves)
   assert all(np.any(g != 0) for g in leaves), "every parameter should get a gradient"
+
+
+def test_greedy_generate_equals_step_by_step_argmax():
+  """The scanned buffer decoding against a Python loop that re-runs the model on the growing
+  prompt of each row, on a random decoder and prompts of different lengths."""
+  net = functional.Functional(lambda rngs: transformer.Decoder(
+      vocab_size=11, width=16, depth=1, num_heads=2, mlp_dim=32, rngs=rngs))
+  params = net.init(jax.random.key(0))
+  logits_of = lambda t: net.apply(params, net.apply(params, t, method="embed"), method="__call__")
+
+  def logits_fn(tokens, segments):
+    del segments
+    return net.apply(params, logits_of(tokens), method="attend")
+
+  length, max_new = 12, 4
+  prompts = [[1, 5, 3], [2, 7, 7, 4, 9, 1], [3]]
+  tokens = np.zeros((3, length), np.int32)
+  for row, prompt in enumerate(prompts):
+    tokens[row, :len(prompt)] = prompt
+  prompt_len = np.array([len(p) for p in prompts])
+  out, segments = transformer.greedy_generate(logits_fn, jnp.asarray(tokens),
+                                              jnp.zeros_like(jnp.asarray(tokens)),
+                                              jnp.asarray(prompt_len), max_new, new_segment=3)
+  for row, prompt in enumerate(prompts):
+    current = list(prompt)
+    for _ in range(max_new):
+      logits = logits_fn(jnp.asarray([current]), None)
+      current.append(int(jnp.argmax(logits[0, -1])))
+    np.testing.assert_array_equal(np.asarray(out[row, :len(current)]), current)
+    np.testing.assert_array_equal(np.asarray(segments[row, len(prompt):len(current)]), 3)
+    assert np.all(np.asarray(segments[row, :len(prompt)]) == 0)
+
+
+def test_greedy_generate_stops_at_the_end_of_the_buffer():
+  logits_fn = lambda tokens, segments: jax.nn.one_hot(jnp.full(tokens.shape, 4), 6)
+  tokens = jnp.asarray([[1, 2, 3, 0]])
+  out, _ = transformer.greedy_generate(logits_fn, tokens, jnp.zeros_like(tokens),
+                                       jnp.asarray([3]), 5)
+  np.testing.assert_array_equal(np.asarray(out), [[1, 2, 3, 4]])
