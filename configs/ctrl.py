@@ -1,7 +1,7 @@
 """ctrl: conditional control of a pretrained diffusion model by KL-regularised RL (ICLR 2025).
 
 COMMAND: python -m experiments.ctrl --config=configs/ctrl.py:quick
-EXPECTED (quick, 2 CPU cores, ~26 minutes): CTRL moves the pretrained priors to the labels on
+EXPECTED (quick, 2 CPU cores, ~21 minutes): CTRL moves the pretrained priors to the labels on
 all three tasks; on digits_class_ink it beats CFG trained on the images that carry both labels;
 on toy2d it lands near, not within twice the noise floor of, the target law p_pre(x) p_hat(y | x).
 CFG fine-tuned on the same labels, reconstruction and classifier guidance beside it. Numbers:
