@@ -1,0 +1,1 @@
+"""ise: Instructional Segment Embedding (Wu et al., ICLR 2025) on a from-scratch decoder."""
