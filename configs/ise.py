@@ -6,7 +6,8 @@ and delimiters) resists the held-out injections, fake delimiters and completions
 better than delimiters alone. Numbers: results/ise.json, discussed in jaxlab/methods/ise/README.md.
 
 Presets: smoke (tests, seconds), quick (adversarial regime, none / delimiters / ise, 3 seeds, up
-to 2 turns), paper (both regimes, all four variants, 5 seeds, 3 turns, a wider decoder).
+to 2 turns; ~15 minutes), long (the quick run at 4,000 steps, for the trained-enough gate the
+quick run misses: results/ise_long.json, ~30 minutes), paper (both regimes, all four variants, 5 seeds, 3 turns, a wider decoder).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from jaxlab.core import config as config_lib
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  arg = config_lib.parse_arg(arg, default_preset="quick")
+  arg = config_lib.parse_arg(arg, default_preset="quick", presets=config_lib.ALL_PRESETS)
   preset = arg.preset
   c = config_lib.base_config(preset=preset, seed=0)
   # Regimes (clean, adversarial) and variants (none, delimiters, ise, ise_only): comma lists.
@@ -40,6 +41,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.train.update(dict(steps=2000, batch_size=32, log_every=100, ckpt_every=500))
   c.train.chunk_steps = 100
 
+  if preset == "long":
+    # The quick run ends with delimiters' clean accuracy just under the 0.95 gate (0.948): the
+    # same run at twice the steps, so the claims are judged on a model that learned the task.
+    c.train.update(dict(steps=4000, ckpt_every=1000))
   if preset == "paper":
     c.regimes = "clean,adversarial"
     c.variants = "none,delimiters,ise,ise_only"
