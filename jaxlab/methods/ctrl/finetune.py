@@ -52,6 +52,8 @@ LogReward = Callable[[jax.Array, jax.Array], jax.Array]
 FINETUNE_MODES = ("lora", "full")
 KL_REDUCTIONS = ("sum", "mean")
 TRUNCATIONS = ("none", "per_step", "once")
+# "constant": the official code's fixed learning rates; "cosine": both decay to 0 over `steps`.
+LR_SCHEDULES = ("constant", "cosine")
 REWARD_FLOOR = 1e-6
 EMBEDDING = "label_embedding"
 
@@ -75,6 +77,7 @@ class Settings:
   lora_lr: float = 1e-3
   embedding_lr: float = 1e-2
   full_lr: float = 1e-4
+  lr_schedule: str = "constant"
   weight_decay: float = 0.1
   grad_clip: float = 5.0
   truncation: str = "none"
@@ -106,6 +109,8 @@ class Settings:
             f"must be one of {FINETUNE_MODES}, got {self.finetune!r}")
     require(self.truncation in TRUNCATIONS, "truncation",
             f"must be one of {TRUNCATIONS}, got {self.truncation!r}")
+    require(self.lr_schedule in LR_SCHEDULES, "lr_schedule",
+            f"must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
     require(self.parameterization in schedules.PARAMETERIZATIONS, "parameterization",
             f"must be one of {schedules.PARAMETERIZATIONS}, got {self.parameterization!r}")
     require(self.max_truncation is None or 0 <= self.max_truncation <= self.sample_steps,
@@ -171,13 +176,21 @@ def _labels_of(trained: PyTree) -> PyTree:
   return jax.tree_util.tree_map_with_path(label, trained)
 
 
+def learning_rate(settings: Settings, peak: float) -> optax.ScalarOrSchedule:
+  if settings.lr_schedule == "cosine":
+    return optax.cosine_decay_schedule(peak, settings.steps)
+  return peak
+
+
 def optimizer(settings: Settings, trained: PyTree) -> optax.GradientTransformation:
   weights_lr = settings.lora_lr if settings.finetune == "lora" else settings.full_lr
   return optax.chain(
       optax.clip_by_global_norm(settings.grad_clip),
       optax.multi_transform(
-          {"weights": optax.adamw(weights_lr, weight_decay=settings.weight_decay),
-           "embedding": optax.adamw(settings.embedding_lr, weight_decay=settings.weight_decay)},
+          {"weights": optax.adamw(learning_rate(settings, weights_lr),
+                                  weight_decay=settings.weight_decay),
+           "embedding": optax.adamw(learning_rate(settings, settings.embedding_lr),
+                                    weight_decay=settings.weight_decay)},
           _labels_of(trained)))
 
 

@@ -38,3 +38,10 @@ def test_smoke_config_validates():
 def test_bad_digits_config_fails_before_compiling(overrides, message):
   with pytest.raises(config_lib.ConfigError, match=message):
     ctrl_experiment.validate(smoke(**overrides))
+
+
+def test_headline_names_the_better_cfg_and_needs_the_compositional_task():
+  methods = {"ctrl": {"acc_joint": 0.47}, "cfg_w1": {"acc_joint": 0.2}, "cfg_w3": {"acc_joint": 0.41}}
+  found = ctrl_experiment.headline({"digits_class_ink": {"n50": {"methods": methods}}})
+  assert found["ours"] == "0.470 vs 0.410" and "cfg_w3" in found["name"]
+  assert ctrl_experiment.headline({"toy2d": {}}) is None

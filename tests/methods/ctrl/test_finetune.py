@@ -158,7 +158,25 @@ def test_training_compiles_one_chunk_and_the_null_label_row_stays_zero(tmp_path)
 @pytest.mark.parametrize("changes, key", [
     (dict(alpha=0.0), "alpha"), (dict(alpha=-1.0), "alpha"), (dict(finetune="adapter"), "finetune"),
     (dict(truncation="random"), "truncation"), (dict(kl_reduction="max"), "kl_reduction"),
-    (dict(max_truncation=99), "max_truncation"), (dict(eta=0.0), "eta")])
+    (dict(max_truncation=99), "max_truncation"), (dict(eta=0.0), "eta"),
+    (dict(lr_schedule="linear"), "lr_schedule")])
 def test_bad_settings_fail_naming_the_setting(changes, key):
   with pytest.raises(ValueError, match=key):
     settings(**changes)
+
+
+def test_cosine_schedule_decays_both_rates_to_zero_and_constant_keeps_them():
+  trained = {"label_embedding": {"embedding": jnp.ones((3, 2))}, "lora": {"a": jnp.ones((2, 2))}}
+  grads = jax.tree.map(jnp.ones_like, trained)
+
+  def update_size(schedule, step):
+    opt = finetune.optimizer(settings(lr_schedule=schedule, steps=10, weight_decay=0.0), trained)
+    state = opt.init(trained)
+    for _ in range(step):
+      _, state = opt.update(grads, state, trained)
+    updates, _ = opt.update(grads, state, trained)
+    return [float(jnp.abs(u).max()) for u in jax.tree.leaves(updates)]
+
+  np.testing.assert_allclose(update_size("constant", 9), update_size("constant", 0), rtol=1e-5)
+  first, last = update_size("cosine", 0), update_size("cosine", 10)
+  assert min(first) > 1e-4 and max(last) == 0.0
