@@ -7,19 +7,21 @@
   them is a polynomial in its input.
 * `Backbone`: read-in, learned positions, residual blocks `x + mixer(LN(x))` (+ optional MLP),
   optional final LN, read-out. GPT-2 initialisation: N(0, 0.02) weights and residual projections
-  scaled by 1/sqrt(2 * depth).
+  scaled by 1/sqrt(2 * depth). With attention mixers it can hand back what each attention sees
+  (`return_attention_inputs`) and run with replaced query-key matrices (`query_keys`), without
+  touching its parameters: what methods that compress or prune attention need.
 """
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, Sequence
 
 import chex
 from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from jaxlab.zoo.attention import Attention
+from jaxlab.zoo.attention import Attention, QueryKey
 from jaxlab.zoo.mlp import MLP, normal_linear, torch_default_linear
 
 CONV_IMPLS = ("toeplitz", "fft")
@@ -109,10 +111,14 @@ MixerFactory = Callable[[nnx.Rngs], nnx.Module]
 
 
 def mixer_factory(kind: str, width: int, max_len: int, *, num_heads: int = 1,
-                  causal: bool = True, conv_impl: str = "toeplitz",
+                  causal: bool = True, qkv_bias: bool = True, conv_impl: str = "toeplitz",
                   conv_residual: bool = True, init_std: float = 0.02,
                   out_init_std: float = 0.02, param_dtype=jnp.float32) -> MixerFactory:
-  """Names a mixer: "baseconv", "softmax_attention" or "linear_attention"."""
+  """Names a mixer: "baseconv", "softmax_attention" or "linear_attention".
+
+  `qkv_bias` is attention's (a bias on the fused q/k/v projection); BaseConv has no such
+  projection and ignores it.
+  """
   if kind == "baseconv":
     if not causal:
       raise ValueError("BaseConv's long convolution is causal; set causal=True")
@@ -121,8 +127,9 @@ def mixer_factory(kind: str, width: int, max_len: int, *, num_heads: int = 1,
                                  param_dtype=param_dtype, rngs=rngs)
   if kind in ("softmax_attention", "linear_attention"):
     return lambda rngs: Attention(width, num_heads, kind=kind.split("_")[0], causal=causal,
-                                  init_std=init_std, out_init_std=out_init_std,
-                                  param_dtype=param_dtype, rngs=rngs)
+                                  qkv_bias=qkv_bias, init_std=init_std,
+                                  out_init_std=out_init_std, param_dtype=param_dtype,
+                                  rngs=rngs)
   raise ValueError(f"unknown mixer {kind!r}; choose one of {MIXERS}")
 
 
@@ -145,14 +152,27 @@ class Block(nnx.Module):
                     init_std=init_std, out_init_std=out_init_std, param_dtype=param_dtype,
                     rngs=rngs) if use_mlp else None)
 
-  def __call__(self, x: jax.Array, last_only: bool = False) -> jax.Array:
-    """x: [B, L, D] -> [B, L, D]; with last_only, [B, 1, D] for the last position."""
+  def __call__(self, x: jax.Array, last_only: bool = False, *,
+               query_key: QueryKey | None = None,
+               return_mixer_input: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """x: [B, L, D] -> [B, L, D]; with last_only, [B, 1, D] for the last position.
+
+    `query_key` is passed to an attention mixer (replaced query-key matrices, see
+    `Attention.__call__`). `return_mixer_input` also returns what the mixer saw, LN(x) [B, L, D].
+    """
     h = self.norm_mixer(x) if self.norm_mixer is not None else x
-    x = (x[:, -1:] if last_only else x) + self.mixer(h, last_only=last_only)
+    if query_key is None:
+      mixed = self.mixer(h, last_only=last_only)
+    elif isinstance(self.mixer, Attention):
+      mixed = self.mixer(h, last_only=last_only, query_key=query_key)
+    else:
+      raise ValueError(f"query_key replaces attention's query-key matrices; this block's mixer "
+                       f"is a {type(self.mixer).__name__}")
+    out = (x[:, -1:] if last_only else x) + mixed
     if self.mlp is not None:
-      h = self.norm_mlp(x) if self.norm_mlp is not None else x
-      x = x + self.mlp(h)
-    return x
+      g = self.norm_mlp(out) if self.norm_mlp is not None else out
+      out = out + self.mlp(g)
+    return (out, h) if return_mixer_input else out
 
 
 class Backbone(nnx.Module):
@@ -164,15 +184,15 @@ class Backbone(nnx.Module):
 
   def __init__(self, *, d_in: int, d_out: int, width: int, depth: int, max_len: int,
                mixer: str = "baseconv", num_heads: int = 1, causal: bool = True,
-               use_mlp: bool = False, use_layernorm: bool = True, final_layernorm: bool = True,
-               conv_impl: str = "toeplitz", conv_residual: bool = True,
-               mlp_activation: str = "gelu", init_std: float = 0.02,
-               param_dtype=jnp.float32, rngs: nnx.Rngs):
+               qkv_bias: bool = True, use_mlp: bool = False, use_layernorm: bool = True,
+               final_layernorm: bool = True, conv_impl: str = "toeplitz",
+               conv_residual: bool = True, mlp_activation: str = "gelu",
+               init_std: float = 0.02, param_dtype=jnp.float32, rngs: nnx.Rngs):
     out_std = init_std / math.sqrt(2 * depth)
     make_mixer = mixer_factory(mixer, width, max_len, num_heads=num_heads, causal=causal,
-                               conv_impl=conv_impl, conv_residual=conv_residual,
-                               init_std=init_std, out_init_std=out_std,
-                               param_dtype=param_dtype)
+                               qkv_bias=qkv_bias, conv_impl=conv_impl,
+                               conv_residual=conv_residual, init_std=init_std,
+                               out_init_std=out_std, param_dtype=param_dtype)
     self.d_in, self.max_len = d_in, max_len
     self.read_in = torch_default_linear(d_in, width, param_dtype=param_dtype, rngs=rngs)
     self.positions = nnx.Param(
@@ -186,19 +206,44 @@ class Backbone(nnx.Module):
                        if final_layernorm else None)
     self.read_out = torch_default_linear(width, d_out, param_dtype=param_dtype, rngs=rngs)
 
-  def __call__(self, x: jax.Array, last_only: bool = False) -> jax.Array:
+  def __call__(self, x: jax.Array, last_only: bool = False, *,
+               return_attention_inputs: bool = False,
+               query_keys: Sequence[QueryKey | None] | None = None,
+               ) -> jax.Array | tuple[jax.Array, list[jax.Array]]:
     """x: [B, L, d_in] -> [B, L, d_out].
 
     With `last_only`, returns [B, 1, d_out]: only the last position's output, and the last block
     computes nothing else (a causal model's other outputs are not needed for it).
+
+    `return_attention_inputs` returns `(output, inputs)`, `inputs[i]` being block i's mixer
+    input after its LayerNorm, [B, L, D] (the activations that calibrate an edit of the
+    attention). `query_keys` (one entry per block, None or an `Attention` `query_key` dict)
+    runs the attention mixers with replaced query-key matrices.
     """
     chex.assert_shape(x, (None, None, self.d_in))
     length = x.shape[1]
     if length > self.max_len:
       raise ValueError(f"sequence length {length} exceeds max_len {self.max_len}")
+    if query_keys is None:
+      query_keys = [None] * len(self.blocks)
+    else:
+      for block in self.blocks:
+        if not isinstance(block.mixer, Attention):
+          raise ValueError(f"query_keys replaces attention's query-key matrices; this "
+                           f"backbone's mixer is a {type(block.mixer).__name__}")
+      if len(query_keys) != len(self.blocks):
+        raise ValueError(f"query_keys has {len(query_keys)} entries; expected one per block "
+                         f"({len(self.blocks)})")
     h = self.read_in(x) + self.positions[...][None, :length]
-    for i, block in enumerate(self.blocks):
-      h = block(h, last_only=last_only and i == len(self.blocks) - 1)
+    inputs = []
+    for i, (block, query_key) in enumerate(zip(self.blocks, query_keys)):
+      last = last_only and i == len(self.blocks) - 1
+      if return_attention_inputs:
+        h, mixer_input = block(h, last_only=last, query_key=query_key, return_mixer_input=True)
+        inputs.append(mixer_input)
+      else:
+        h = block(h, last_only=last, query_key=query_key)
     if self.final_norm is not None:
       h = self.final_norm(h)
-    return self.read_out(h)
+    out = self.read_out(h)
+    return (out, inputs) if return_attention_inputs else out
