@@ -1,0 +1,233 @@
+"""The two studies of the reproduction: synthetic attention instances and a character LM.
+
+Both prune with the four methods of `pruning` at every sparsity. On the LM, layers are pruned in
+order, each calibrated on its attention input in the model whose earlier layers are already
+pruned; the GD masks of all heads run at once (`vmap`), and a layer whose calibration input is
+the same for every sparsity (the first) descends once and is binarised per sparsity.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxlab.methods.attention_pruning import charlm
+from jaxlab.methods.attention_pruning import pruning
+from jaxlab.methods.attention_pruning import synthetic
+
+SETTINGS = ("merged", "factors")
+BASELINES = ("magnitude", "wanda", "sparsegpt")
+# Each ablation changes one reconstructed choice of the GD mask (README, Deviations).
+ABLATIONS = {
+    "score_mask_times_weight": dict(score="mask_times_weight"),
+    "no_keep_values": dict(keep_values=False),
+    "lam_x10": dict(lam_factor=10.0),
+    "lam_div10": dict(lam_factor=0.1),
+    "absolute_lam": dict(lam_scale="absolute"),
+    "non_causal": dict(causal=False),
+}
+# A step counts as a rise only beyond float32 rounding of the loss.
+MONOTONE_RTOL = 1e-6
+
+
+@dataclasses.dataclass(frozen=True)
+class GdOptions:
+  lam: float = pruning.DEFAULT_LAM
+  lam_scale: str = "curvature"
+  steps: int = pruning.DEFAULT_STEPS
+  iterations: int = pruning.POWER_ITERATIONS
+  score: str = pruning.DEFAULT_SCORE
+  keep_values: bool = True
+  causal: bool = True
+
+  def ablated(self, change: dict[str, Any]) -> "GdOptions":
+    change = dict(change)
+    factor = change.pop("lam_factor", 1.0)
+    return dataclasses.replace(self, lam=self.lam * factor, **change)
+
+
+def is_monotone(losses: np.ndarray) -> bool:
+  losses = np.asarray(losses, np.float64)
+  return bool(np.all(np.diff(losses) <= MONOTONE_RTOL * np.abs(losses[:-1])))
+
+
+def _summary(values: Sequence[float]) -> dict[str, Any]:
+  values = [float(v) for v in values]
+  return {"mean": float(np.mean(values)), "std": float(np.std(values)), "values": values}
+
+
+# ------------------------------------------------------------------------------------------------
+# (a) Synthetic instances: the merged matrix alone, non-causal.
+
+
+def synthetic_study(*, logit_stds: Sequence[float], instances: int, num_tokens: int, width: int,
+                    sparsities: Sequence[float], methods: Sequence[str], gd: GdOptions,
+                    sparsegpt_options: dict[str, Any]) -> dict[str, Any]:
+  """metrics.synthetic.c<c>.<method>.s<s>.{attn_err, out_err, linear_err} ({mean, std, values}
+  over instances) and c<c>.gd_loss.{first, last, monotone}."""
+  out: dict[str, Any] = {}
+  for c in logit_stds:
+    rows: dict[str, dict[str, dict[str, list[float]]]] = {}
+    firsts, lasts, monotone = [], [], []
+    for inst in synthetic.instances(c, instances, num_tokens=num_tokens, width=width):
+      for method in methods:
+        if method == "gd_mask":
+          mask, losses = pruning.gd_mask(inst.x, inst.w, lam=gd.lam, steps=gd.steps,
+                                         causal=False, lam_scale=gd.lam_scale,
+                                         iterations=gd.iterations)
+          losses = np.asarray(losses)
+          firsts.append(float(losses[0]))
+          lasts.append(float(losses[-1]))
+          monotone.append(is_monotone(losses))
+          pruned = {s: np.asarray(pruning.binarise(mask, inst.w, s, gd.score,
+                                                   gd.keep_values)[1]) for s in sparsities}
+        else:
+          options = sparsegpt_options if method == "sparsegpt" else {}
+          pruned = {s: pruning.prune(inst.x, inst.w, method, s, **options)[1]
+                    for s in sparsities}
+        for s, w_new in pruned.items():
+          row = rows.setdefault(method, {}).setdefault(f"s{s}", {})
+          row.setdefault("attn_err", []).append(pruning.attention_error(inst.x, inst.w, w_new))
+          row.setdefault("out_err", []).append(
+              pruning.output_error(inst.x, inst.w, w_new, inst.w_value))
+          row.setdefault("linear_err", []).append(pruning.linear_error(inst.x, inst.w, w_new))
+    block: dict[str, Any] = {
+        method: {s: {k: _summary(v) for k, v in row.items()} for s, row in by_s.items()}
+        for method, by_s in rows.items()}
+    if firsts:
+      block["gd_loss"] = {"first": _summary(firsts), "last": _summary(lasts),
+                          "monotone": bool(all(monotone)),
+                          "monotone_instances": int(sum(monotone))}
+    out[f"c{c}"] = block
+  return out
+
+
+# ------------------------------------------------------------------------------------------------
+# (b) The character LM: prune every layer's heads in order.
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerPruned:
+  query_key: dict[str, jax.Array]     # what the backbone runs this layer with
+  attn_err: float                     # relative error of f on the calibration input, mean of heads
+
+
+@functools.partial(jax.jit, static_argnames=("options",))
+def _continuous_masks(x, weights, options: GdOptions):
+  """GD masks for every head at once: weights is [H, D, D] (merged) or a pair of [H, D, Dh]."""
+  common = dict(lam=options.lam, steps=options.steps, causal=options.causal,
+                lam_scale=options.lam_scale, iterations=options.iterations)
+  if isinstance(weights, tuple):
+    run = lambda w_q, w_k: pruning.gd_mask_factors(x, w_q, w_k, **common)
+    return jax.vmap(run)(*weights)
+  return jax.vmap(lambda w: pruning.gd_mask(x, w, **common))(weights)
+
+
+def _heads_error(x: np.ndarray, merged: np.ndarray, merged_new: np.ndarray) -> float:
+  return float(np.mean([pruning.attention_error(x, merged[h], merged_new[h], causal=True)
+                        for h in range(merged.shape[0])]))
+
+
+class LayerPruner:
+  """Prunes one layer's heads with one method; GD masks are cached per calibration input."""
+
+  def __init__(self, setting: str, method: str, gd: GdOptions, sparsegpt_options: dict):
+    if setting not in SETTINGS:
+      raise ValueError(f"unknown setting {setting!r}; choose one of {SETTINGS}")
+    self.setting, self.method, self.gd, self.sparsegpt_options = (setting, method, gd,
+                                                                  sparsegpt_options)
+    self.seconds = 0.0
+    self._masks: dict[Any, Any] = {}
+
+  def masks(self, cache_key, x, weights):
+    if cache_key not in self._masks:
+      found, losses = _continuous_masks(jnp.asarray(x), weights, self.gd)
+      self._masks[cache_key] = (jax.tree.map(np.asarray, found), np.asarray(losses))
+    return self._masks[cache_key]
+
+  def __call__(self, cache_key, x: np.ndarray, w_q: np.ndarray, w_k: np.ndarray,
+               sparsity: float) -> tuple[LayerPruned, np.ndarray | None]:
+    """x: the layer's calibration input [S, L, D]; w_q, w_k [H, D, Dh]. Returns the layer and,
+    for the GD mask, its losses per head."""
+    start = time.perf_counter()
+    merged = charlm.merged_matrices(w_q, w_k)
+    losses = None
+    if self.setting == "merged":
+      if self.method == "gd_mask":
+        masks, losses = self.masks(cache_key, x, jnp.asarray(merged))
+        merged_new = np.stack([np.asarray(pruning.binarise(masks[h], merged[h], sparsity,
+                                                           self.gd.score,
+                                                           self.gd.keep_values)[1])
+                               for h in range(merged.shape[0])])
+      else:
+        merged_new = np.stack([self._baseline(x, merged[h], sparsity)
+                               for h in range(merged.shape[0])])
+      query_key = {"merged": jnp.asarray(merged_new)}
+    else:
+      if self.method == "gd_mask":
+        (m_q, m_k), losses = self.masks(cache_key, x, (jnp.asarray(w_q), jnp.asarray(w_k)))
+        binarised = lambda m, w: np.stack([
+            np.asarray(pruning.binarise(m[h], w[h], sparsity, self.gd.score,
+                                        self.gd.keep_values)[1]) for h in range(w.shape[0])])
+        w_q_new, w_k_new = binarised(m_q, w_q), binarised(m_k, w_k)
+      else:
+        w_q_new = np.stack([self._baseline(x, w_q[h], sparsity) for h in range(w_q.shape[0])])
+        w_k_new = np.stack([self._baseline(x, w_k[h], sparsity) for h in range(w_k.shape[0])])
+      merged_new = charlm.merged_matrices(w_q_new, w_k_new)
+      query_key = charlm.query_key_of_factors(w_q_new, w_k_new)
+    self.seconds += time.perf_counter() - start
+    return LayerPruned(query_key, _heads_error(x, merged, merged_new)), losses
+
+  def dense_query_key(self, w_q: np.ndarray, w_k: np.ndarray) -> dict[str, jax.Array]:
+    """The unpruned layer in this setting's form."""
+    if self.setting == "merged":
+      return {"merged": jnp.asarray(charlm.merged_matrices(w_q, w_k))}
+    return charlm.query_key_of_factors(w_q, w_k)
+
+  def _baseline(self, x, w, sparsity):
+    options = self.sparsegpt_options if self.method == "sparsegpt" else {}
+    return pruning.prune(x, w, self.method, sparsity, **options)[1]
+
+
+def prune_model(model, params, *, vocab_size: int, num_heads: int, calibration: np.ndarray,
+                validation: np.ndarray, pruner: LayerPruner, sparsities: Sequence[float],
+                seed_key: Any) -> dict[str, Any]:
+  """Every layer in order at each sparsity: {s<s>: {bpc, ppl, attn_err}} and the GD losses."""
+  depth = len(params["blocks"])
+  kernels = [charlm.attention_kernels(params, layer, num_heads) for layer in range(depth)]
+  out: dict[str, Any] = {}
+  gd_losses = []
+  for s in sparsities:
+    # Layers not yet pruned run with their own matrices in the setting's form (the same model,
+    # tested), so every call below has one pytree structure and compiles once.
+    query_keys: list[Any] = [pruner.dense_query_key(*kernels[layer]) for layer in range(depth)]
+    errors = []
+    for layer in range(depth):
+      x = charlm.attention_inputs(model, params, calibration, vocab_size, query_keys)[layer]
+      # The first layer's input does not depend on the sparsity: its GD masks are shared.
+      cache_key = (seed_key, layer) if layer == 0 else (seed_key, layer, s)
+      pruned, losses = pruner(cache_key, x, *kernels[layer], s)
+      if losses is not None and (layer > 0 or s == sparsities[0]):
+        gd_losses.append(losses)
+      query_keys[layer] = pruned.query_key
+      errors.append(pruned.attn_err)
+    bpc = charlm.bits_per_character(model, params, validation, vocab_size, query_keys)
+    out[f"s{s}"] = {"bpc": bpc, "ppl": 2.0 ** bpc, "attn_err": float(np.mean(errors))}
+  if gd_losses:
+    out["gd_loss_monotone"] = bool(all(is_monotone(l) for ls in gd_losses
+                                       for l in np.reshape(ls, (-1, ls.shape[-1]))))
+  return out
+
+
+def dense_bpc(model, params, validation: np.ndarray, vocab_size: int) -> float:
+  return charlm.bits_per_character(model, params, validation, vocab_size)
+
+
+def perplexity(bpc: float) -> float:
+  return float(2.0 ** bpc) if math.isfinite(bpc) else math.inf
