@@ -18,6 +18,7 @@ import numpy as np
 
 from jaxlab.core import cli
 from jaxlab.core import config as config_lib
+from jaxlab.core import metrics as metrics_lib
 from jaxlab.core import results
 from jaxlab.data import python_docs
 from jaxlab.methods.attention_pruning import charlm
@@ -84,15 +85,19 @@ def charlm_study(config, corpus, workdir, methods, sparsities, settings, ablatio
     return block
 
   draws = range(data.calibration_seeds)
-  for setting in settings:
-    out[setting] = {method: sweep(setting, method, gd, draws, method) for method in methods}
-  if ablations and "gd_mask" in methods and "factors" in settings:
-    out["ablation"] = {"default": {k: v for k, v in out["factors"]["gd_mask"].items()
-                                   if k.startswith("s")}}
-    for name in ablations:
-      block = sweep("factors", "gd_mask", gd.ablated(study.ABLATIONS[name]), range(1),
-                    f"ablation_{name}")
-      out["ablation"][name] = {k: v for k, v in block.items() if k.startswith("s")}
+  units = [(setting, method) for setting in settings for method in methods]
+  ablating = bool(ablations) and "gd_mask" in methods and "factors" in settings
+  units += [("ablation", name) for name in (ablations if ablating else ())]
+  for setting, name in metrics_lib.progress_iter(units, "pruning sweep",
+                                                 enabled=config.train.progress):
+    if setting != "ablation":
+      out.setdefault(setting, {})[name] = sweep(setting, name, gd, draws, name)
+      continue
+    block = sweep("factors", "gd_mask", gd.ablated(study.ABLATIONS[name]), range(1),
+                  f"ablation_{name}")
+    out.setdefault("ablation", {"default": {k: v for k, v in out["factors"]["gd_mask"].items()
+                                            if k.startswith("s")}})
+    out["ablation"][name] = {k: v for k, v in block.items() if k.startswith("s")}
   return out, seconds
 
 

@@ -142,3 +142,17 @@ def test_ablations_change_one_choice_each():
                  if getattr(ablated, f) != getattr(base, f)]
     assert len(differing) == 1, name
   assert base.ablated({"lam_factor": 10.0}).lam == pytest.approx(10 * pruning.DEFAULT_LAM)
+
+
+def test_f_equals_the_zoo_attention_probabilities_on_the_first_layer():
+  config = smoke_config()
+  model = charlm.make_model(config, corpus().vocab_size)
+  params = model.init(jax.random.key(3))
+  windows = python_docs.random_windows(corpus().train, 2, config.data.seq_len, seed=4)
+  x = charlm.attention_inputs(model, params, windows, corpus().vocab_size)[0]
+  zoo = np.asarray(model.module(params).blocks[0].mixer.probabilities(jnp.asarray(x)))
+  merged = charlm.merged_matrices(*charlm.attention_kernels(params, 0, config.model.num_heads))
+  for b in range(x.shape[0]):
+    for h in range(merged.shape[0]):
+      ours = np.asarray(pruning.attention_matrix(x[b], merged[h], causal=True))
+      np.testing.assert_allclose(ours, zoo[b, h], atol=1e-6)
