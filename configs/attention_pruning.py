@@ -56,9 +56,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.sparsities = (0.5,)
     c.gd.update(dict(steps=5, power_iterations=3))
     c.synthetic.update(dict(num_tokens=8, width=4, logit_stds=(5.0,), instances=2))
-    c.data.update(dict(seq_len=16, num_calibration=2, num_validation=4, calibration_seeds=2))
+    c.data.update(dict(seq_len=16, num_calibration=2, num_validation=8, calibration_seeds=2))
     c.model.update(dict(width=16, depth=2, num_heads=2))
-    c.train.update(dict(steps=4, batch_size=4, log_every=2, eval_every=4, ckpt_every=4,
+    c.train.update(dict(steps=4, batch_size=8, log_every=2, eval_every=4, ckpt_every=4,
                         progress=False))
     c.ablations = "no_keep_values"
   return config_lib.finalize(c)

@@ -86,6 +86,8 @@ def headline(metrics: dict) -> dict | None:
   if not rows:
     return None
   methods = next(iter(rows.values()))["methods"]
+  if "ctrl" not in methods or not any(m.startswith("cfg_w") for m in methods):
+    return None
   cfg = _better_cfg(methods, "acc_joint")
   return {"name": f"digits_class_ink joint accuracy: CTRL vs CFG ({cfg})",
           "ours": f"{methods['ctrl']['acc_joint']:.3f} vs {methods[cfg]['acc_joint']:.3f}",
