@@ -22,6 +22,7 @@ from jaxlab.core import config as config_lib
 from jaxlab.core import train_loop
 from jaxlab.data import pipeline
 from jaxlab.data import python_docs
+from jaxlab.methods.attention_pruning import pruning
 from jaxlab.zoo import functional
 from jaxlab.zoo import sequence
 
@@ -124,7 +125,7 @@ def attention_kernels(params: PyTree, layer: int, num_heads: int) -> tuple[np.nd
 
 def merged_matrices(w_q: np.ndarray, w_k: np.ndarray) -> np.ndarray:
   """[H, D, D]: W_h = W_Q,h W_K,h^T / sqrt(d_h), the per-head matrix the logits use."""
-  return np.einsum("hdk,hek->hde", w_q, w_k) / math.sqrt(w_q.shape[-1])
+  return np.asarray(jax.vmap(pruning.merged_weight)(jnp.asarray(w_q), jnp.asarray(w_k)))
 
 
 def query_key_of_factors(w_q: np.ndarray, w_k: np.ndarray) -> dict[str, jax.Array]:
