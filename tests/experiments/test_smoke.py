@@ -15,7 +15,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 SLUGS = sorted(p.stem for p in (ROOT / "configs").glob("[!_]*.py"))
 # Experiments that train nothing (a benchmark harness) keep no orbax checkpoint: they resume unit
 # by unit (`train.steps` units), logging each finished unit to a metrics.jsonl under this name.
-EVALUATION_ONLY = {"enamel": "eval/efficiency"}
+EVALUATION_ONLY = {"enamel": "eval/efficiency", "metametrics": "eval/tau_test_gp"}
 # Experiments that finish in about a minute keep nothing to resume from.
 NOTHING_TO_RESUME = {"pico"}
 
