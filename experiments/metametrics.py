@@ -60,8 +60,8 @@ def run_pair(config, workdir, pair, methods, metric_names, method_options):
   """The pair's split records (resumed from its metrics.jsonl) and how its scores were got."""
   items = pair_items(pair, int(config.data.max_segments))
   start = time.perf_counter()
-  progress = lambda todo: metrics_lib.progress_iter(list(todo), f"{pair} metrics",
-                                                    enabled=config.train.progress)
+  progress = lambda chunks: metrics_lib.progress_iter(list(chunks), f"{pair} metrics (chunks)",
+                                                      enabled=config.train.progress)
   scores, cached = mt_metrics.cached_scores(pair, items.hypothesis, items.reference,
                                             items.language, metric_names,
                                             cache_dir=config.data.cache_dir, progress=progress)

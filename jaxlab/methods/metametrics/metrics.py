@@ -26,6 +26,7 @@ EXTRA = "metametrics"
 CACHE_ENV = "JAXLAB_CACHE"
 # Bump when a metric's definition changes: cached scores of the old version are not reused.
 CACHE_VERSION = 1
+PROGRESS_CHUNK = 500
 
 
 def require_extra(module: str):
@@ -121,9 +122,10 @@ def _check_texts(hyps: Sequence[str], refs: Sequence[str], lang: str) -> None:
 
 def raw_scores(hyps: Sequence[str], refs: Sequence[str], lang: str,
                metrics: Sequence[str] = METRICS,
-               progress: Callable[[Sequence[int]], Sequence[int]] | None = None
+               progress: Callable[[Sequence[range]], Sequence[range]] | None = None
                ) -> dict[str, np.ndarray]:
-  """{metric: [N] raw score} (BLEU, chrF, TER in 0..100+; ROUGE, length in 0..1)."""
+  """{metric: [N] raw score} (BLEU, chrF, TER in 0..100+; ROUGE, length in 0..1). `progress`
+  wraps the list of chunks of `PROGRESS_CHUNK` items (a progress bar)."""
   _check_texts(hyps, refs, lang)
   unknown = [m for m in metrics if m not in NORMALISERS]
   if unknown:
@@ -131,17 +133,19 @@ def raw_scores(hyps: Sequence[str], refs: Sequence[str], lang: str,
   sentence = _sacrebleu_metrics()
   scorer = _rouge_scorer(lang) if any(m.startswith("rouge") for m in metrics) else None
   out = {m: np.zeros(len(hyps)) for m in metrics}
-  indices = range(len(hyps))
-  for i in (progress(indices) if progress else indices):
-    hyp, ref = hyps[i], refs[i]
-    rouge = scorer.score(ref, hyp) if scorer else {}
-    for m in metrics:
-      if m in sentence:
-        out[m][i] = sentence[m].sentence_score(hyp, [ref]).score
-      elif m.startswith("rouge"):
-        out[m][i] = rouge[m].fmeasure
-      else:
-        out[m][i] = length_agreement(hyp, ref)
+  chunks = [range(start, min(start + PROGRESS_CHUNK, len(hyps)))
+            for start in range(0, len(hyps), PROGRESS_CHUNK)]
+  for chunk in (progress(chunks) if progress else chunks):
+    for i in chunk:
+      hyp, ref = hyps[i], refs[i]
+      rouge = scorer.score(ref, hyp) if scorer else {}
+      for m in metrics:
+        if m in sentence:
+          out[m][i] = sentence[m].sentence_score(hyp, [ref]).score
+        elif m.startswith("rouge"):
+          out[m][i] = rouge[m].fmeasure
+        else:
+          out[m][i] = length_agreement(hyp, ref)
   return out
 
 
@@ -173,7 +177,7 @@ def _texts_key(hyps: Sequence[str], refs: Sequence[str], lang: str,
 
 def cached_scores(name: str, hyps: Sequence[str], refs: Sequence[str], lang: str,
                   metrics: Sequence[str] = METRICS, cache_dir: str | os.PathLike | None = None,
-                  progress: Callable[[Sequence[int]], Sequence[int]] | None = None
+                  progress: Callable[[Sequence[range]], Sequence[range]] | None = None
                   ) -> tuple[dict[str, np.ndarray], bool]:
   """`score_segments`, computed once and kept in `<cache>/<name>-<hash of texts>.npz`; returns
   the scores and whether they came from the cache."""
