@@ -36,8 +36,8 @@ import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
 from benchmarks.common import brief_mark, cut, publish, machine, matmul_peak, perturbed, preset_command_line, time_call, train_step_row, unrolled_flops, xla_flops, writes_results  # pylint: disable=g-import-not-at-top
+from jaxlab.attacks import linf as attacks  # pylint: disable=g-import-not-at-top
 from jaxlab.diffusion import priors  # pylint: disable=g-import-not-at-top
-from jaxlab.methods.diffusion_purification import attacks  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.diffusion_purification import evaluation  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.diffusion_purification import models  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.diffusion_purification import purification  # pylint: disable=g-import-not-at-top
@@ -87,7 +87,8 @@ def main() -> None:
   def pgd_step(cp, dp, x_in, y_in, keys):
     def loss(x_adv, k):
       return jnp.sum(models.cross_entropy(logits(cp, dp, x_adv, k), y_in))
-    return attacks.pgd_step(loss, x_in, x_in, keys[0], epsilon=a.epsilon, step_size=a.step_size)
+    return attacks.pgd_step(loss, x_in, x_in, keys[0], epsilon=a.epsilon, step_size=a.step_size,
+                            bounds=evaluation.PIXEL_RANGE)
 
   step = jax.jit(pgd_step)
   protocols = [(f"stochastic white-box (EOT {eot})", attacks.stochastic_keys(attack_key, 1, eot)),

@@ -25,15 +25,17 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from jaxlab.attacks import linf as attacks
 from jaxlab.core import parallel
 from jaxlab.diffusion import schedules
-from jaxlab.methods.diffusion_purification import attacks
 from jaxlab.methods.diffusion_purification import models
 from jaxlab.methods.diffusion_purification import purification
 
 PROTOCOLS = ("clean_acc", "robust_acc_eot", "robust_acc_dwbox")
 # The DW-box accuracy after `attack.convergence_steps` PGD steps (evaluator(check_convergence)).
 DWBOX_LONG = "robust_acc_dwbox_long"
+# The attacks' valid range: models.py maps the pixels to [-1, 1], as DDPM does.
+PIXEL_RANGE = (-1.0, 1.0)
 
 
 def defended_logits(config: ml_collections.ConfigDict):
@@ -56,7 +58,7 @@ def defended_logits(config: ml_collections.ConfigDict):
 
 def _pgd(config, loss, x, keys):
   return attacks.pgd_linf(loss, x, keys, epsilon=config.attack.epsilon,
-                          step_size=config.attack.step_size)
+                          step_size=config.attack.step_size, bounds=PIXEL_RANGE)
 
 
 def evaluator(config: ml_collections.ConfigDict, *, check_convergence: bool = False):
@@ -74,7 +76,7 @@ def evaluator(config: ml_collections.ConfigDict, *, check_convergence: bool = Fa
     def loss(x_in, k):
       return jnp.sum(models.cross_entropy(logits(classifier_params, denoiser_params, x_in, k), y))
     return attacks.pgd_step(loss, x_adv, x, step_keys, epsilon=a.epsilon,
-                            step_size=a.step_size)
+                            step_size=a.step_size, bounds=PIXEL_RANGE)
 
   @jax.jit
   def correct(classifier_params, denoiser_params, x_in, y, key):

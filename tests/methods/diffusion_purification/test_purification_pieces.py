@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from jaxlab.attacks import linf as attacks
 from jaxlab.diffusion import schedules
-from jaxlab.methods.diffusion_purification import attacks
+from jaxlab.methods.diffusion_purification import evaluation
 from jaxlab.methods.diffusion_purification import purification
 from jaxlab.methods.diffusion_purification import rbgm
 
@@ -82,7 +83,8 @@ def test_pgd_raises_the_loss_inside_the_ball_and_dw_box_keys_are_fixed():
     return -jnp.sum(jax.nn.log_softmax(logits)[jnp.arange(4), labels])
 
   keys = attacks.stochastic_keys(jax.random.key(1), 10, 3)
-  x_adv = attacks.pgd_linf(loss, x, keys, epsilon=0.1, step_size=0.03)
+  x_adv = attacks.pgd_linf(loss, x, keys, epsilon=0.1, step_size=0.03,
+                           bounds=evaluation.PIXEL_RANGE)
   assert float(jnp.max(jnp.abs(x_adv - x))) <= 0.1 + 1e-6
   assert float(loss(x_adv, jax.random.key(5))) > float(loss(x, jax.random.key(5)))
   fixed = attacks.fixed_keys(jax.random.key(2), 10)
@@ -101,16 +103,19 @@ def test_pgd_iterates_are_the_shorter_attacks():
     return -jnp.sum(jax.nn.log_softmax(logits)[jnp.arange(4), labels])
 
   keys = attacks.stochastic_keys(jax.random.key(4), 10, 2)
-  iterates = attacks.pgd_linf_iterates(loss, x, keys, epsilon=0.2, step_size=0.03,
+  bounds = evaluation.PIXEL_RANGE
+  iterates = attacks.pgd_linf_iterates(loss, x, keys, epsilon=0.2, step_size=0.03, bounds=bounds,
                                        record_at=(3, 10))
   assert iterates.shape == (2,) + x.shape
   for row, steps in enumerate((3, 10)):
-    shorter = attacks.pgd_linf(loss, x, keys[:steps], epsilon=0.2, step_size=0.03)
+    shorter = attacks.pgd_linf(loss, x, keys[:steps], epsilon=0.2, step_size=0.03,
+                               bounds=bounds)
     np.testing.assert_allclose(iterates[row], shorter, rtol=0, atol=1e-6)
   assert not np.allclose(iterates[0], iterates[1])
   step = jax.jit(lambda x_adv, x_clean, k: attacks.pgd_step(loss, x_adv, x_clean, k, epsilon=0.2,
-                                                            step_size=0.03))
+                                                            step_size=0.03, bounds=bounds))
   host = attacks.pgd_linf_host_loop(step, x, keys, record_at=(10, 3))
   np.testing.assert_allclose(host, iterates[::-1], rtol=0, atol=1e-6)
   with pytest.raises(ValueError, match="record_at"):
-    attacks.pgd_linf_iterates(loss, x, keys, epsilon=0.2, step_size=0.03, record_at=(11,))
+    attacks.pgd_linf_iterates(loss, x, keys, epsilon=0.2, step_size=0.03, bounds=bounds,
+                              record_at=(11,))
