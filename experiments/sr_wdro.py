@@ -44,8 +44,6 @@ def options(config: ml_collections.ConfigDict):
                      f"must be > 0, got {config.attack.epsilon}")
   config_lib.require(0.0 <= config.data.label_noise < 1.0, "data.label_noise",
                      f"must be in [0, 1), got {config.data.label_noise}")
-  config_lib.require(config.train.steps % config.train.eval_every == 0, "train.steps",
-                     f"must be a multiple of train.eval_every ({config.train.eval_every})")
   config_lib.require(config.num_seeds >= 1 and config.clean_seeds >= 1, "num_seeds",
                      "num_seeds and clean_seeds must be >= 1")
   config_lib.require(0 < config.data.num_eval_images <= config.data.num_test,
@@ -88,10 +86,10 @@ def _summary(values):
   return {"mean": float(np.mean(values)), "std": float(np.std(values)), "per_seed": values}
 
 
-def summarise(rows, state, final, settings):
+def summarise(rows, run, state, final):
   """metrics.<setting>.<method>.{best_rob, best_epoch, last_rob, gap, ...} over seeds."""
-  curve_epochs = (np.arange(settings.num_evaluations) + 1) * settings.eval_every
-  curves = np.asarray(state["curve_robust"])
+  curve_epochs = run.curve_epochs
+  curves = run.curves["robust"]
   out: dict = {}
   for setting in dict.fromkeys(r[0] for r in rows):
     out[setting] = {"curve_epochs": curve_epochs.tolist()}
@@ -111,18 +109,20 @@ def summarise(rows, state, final, settings):
           "best_clean": final["best_clean"][index],
           "train_rob_last": final["train_pgd20"][index],
           "train_test_gap": final["train_pgd20"][index] - final["last_pgd20"][index],
-          "last_lam": np.asarray(state["lam"])[index]}
+          "last_lam": np.asarray(state["lam"])[index],
+          "flipped_weight_share": final["flipped_share"][index]}
       row = {key: _summary(value) for key, value in per.items()}
-      row["curve"] = np.nanmean(curve, axis=0).round(4).tolist()
-      row["curve_clean"] = np.nanmean(np.asarray(state["curve_clean"])[index], 0).round(4).tolist()
-      row["curve_lam"] = np.nanmean(np.asarray(state["curve_lam"])[index], 0).round(4).tolist()
+      row["curve"] = np.mean(curve, axis=0).round(4).tolist()
+      row["curve_clean"] = np.mean(run.curves["clean"][index], 0).round(4).tolist()
+      row["curve_lam"] = np.mean(run.curves["lam"][index], 0).round(4).tolist()
       out[setting][name] = row
   return out
 
 
-def final_evaluation(config, rows, state, x_test, y_test, x_train, labels, settings):
+def final_evaluation(config, rows, state, x_test, y_test, x_train, y_train, labels, settings):
   """Clean, PGD-20 and PGD-100 (restarts) accuracy of the best and last parameters on the full
-  test set, and PGD-20 on each replica's own training labels."""
+  test set, PGD-20 on each replica's own training labels, and the share of the KL weight (each
+  replica's radius, last parameters, PGD-10 losses) on the flipped training labels."""
   a = config.attack
   record_at = (int(a.eval_steps), int(a.final_steps))
   keys = jax.random.key_data(jax.random.split(jax.random.key(config.seed + 77), len(rows)))
@@ -138,6 +138,11 @@ def final_evaluation(config, rows, state, x_test, y_test, x_train, labels, setti
       state["params"], x_train, np.stack(labels), keys, settings,
       num_steps=int(a.eval_steps), record_at=(int(a.eval_steps),), restarts=1)
   out["train_pgd20"] = train_robust[:, 0]
+  flipped = np.stack(labels) != y_train[None]
+  radius = np.asarray([r[1].radius for r in rows], np.float32)
+  out["flipped_share"] = training.marked_weight_share(
+      state["params"], x_train, np.stack(labels), flipped, radius, keys, settings,
+      num_steps=int(a.steps))
   return out
 
 
@@ -219,8 +224,9 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
                        mesh=mesh, workdir=workdir, ckpt_every=int(config.train.ckpt_every),
                        progress=config.train.progress)
   state = jax.device_get(run.state)
-  final = final_evaluation(config, rows, state, x_test, y_test, x_train, labels, settings)
-  metrics = summarise(rows, state, final, settings)
+  final = final_evaluation(config, rows, state, x_test, y_test, x_train, y_train, labels,
+                           settings)
+  metrics = summarise(rows, run, state, final)
   metrics["timing"] = {"train_s": run.wall_s + run.earlier_s,
                        "num_replicas": len(rows),
                        "final_eval_s": time.perf_counter() - start - run.wall_s}

@@ -164,7 +164,6 @@ def soft_ball_linf(loss: KeylessLossFn, x: jax.Array, key: jax.Array | None, *, 
     The adversarial inputs x + delta [B, ...], inside `bounds`.
   """
   low, high = bounds
-  tau = step_size if tau is None else tau
   if random_start:
     if key is None:
       raise ValueError("soft_ball_linf needs a key for its random start")
@@ -173,7 +172,8 @@ def soft_ball_linf(loss: KeylessLossFn, x: jax.Array, key: jax.Array | None, *, 
     delta = jnp.zeros_like(x)
   delta = jnp.clip(x + delta, low, high) - x
   grad_delta = jax.grad(lambda d: loss(x + d))
-  pull = lam * (step_size / tau)
+  # tau = None is step_size: a pull of exactly lam, also when step_size is 0 (no 0 / 0).
+  pull = lam if tau is None else lam * (step_size / tau)
 
   def step(delta, _):
     delta = delta + step_size * jnp.sign(grad_delta(delta))

@@ -131,7 +131,9 @@ class Progress:
     if metrics:
       for name in ("train/loss", "loss"):
         if name in metrics:
-          postfix["loss"] = f"{float(np.asarray(metrics[name])):.3e}"
+          value = np.asarray(metrics[name], np.float64)
+          # Per-replica records carry a list: the bar shows their mean.
+          postfix["loss" if value.size == 1 else "mean loss"] = f"{value.mean():.3e}"
           break
     self._bar.set_postfix(postfix, refresh=False)
     if self._plain:

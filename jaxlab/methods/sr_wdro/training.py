@@ -14,8 +14,8 @@ The methods differ only in traced per-replica numbers, so one `vmap` runs them a
 `erm` (eps 0), `at` (lam fixed at 1, r 0), `udr` (lam learned, r 0), `sr_wdro_r<r>` (lam learned,
 radius r); `trades` / `sr_trades_r<r>` replace the loss by CE(clean) + beta KL(clean || adv)
 (TRADES), reweighted the same way. Every `eval_every` epochs a chunk ends with PGD-20 on a fixed
-test subset; the curve, the best epoch and its parameters live in the replica state, so a
-checkpoint holds everything a resumed run needs.
+test subset, logged per replica (the curves are read back from `metrics.jsonl`, so a run may
+be resumed with more epochs); the best epoch and its parameters live in the replica state.
 """
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ import numpy as np
 import optax
 
 from jaxlab.attacks import linf
+from jaxlab.core import metrics as metrics_lib
 from jaxlab.core import replicas
 from jaxlab.methods.sr_wdro import data as data_lib
 from jaxlab.methods.sr_wdro import weights as weights_lib
@@ -88,10 +89,6 @@ class Settings:
   eval_every: int = 4
   eval_steps: int = 20
   weight_iterations: int = 64
-
-  @property
-  def num_evaluations(self) -> int:
-    return self.epochs // self.eval_every
 
 
 @functools.lru_cache(maxsize=None)
@@ -154,20 +151,34 @@ def replica_inputs(specs: Sequence[MethodSpec], seeds: Sequence[int],
       train_labels=np.stack([np.asarray(l, np.int32) for l in labels]))
 
 
+def lam_rule(state: PyTree, distance: jax.Array, epsilon: jax.Array, learn: jax.Array, *,
+             lr: float, period: int) -> dict[str, jax.Array]:
+  """The soft ball's lam after one iteration (Eq. 19; the official `i % lamda_period == 0`).
+
+  `distance` is this iteration's mean_i mean_j |delta_ij|; it joins the running sum. At every
+  `period`-th iteration (counting from 0, so the first iteration moves) lam moves by
+  -lr (eps - the mean distance since the last move) when `learn`, and the sum restarts. Returns
+  the new {lam, distance_sum, distance_count}.
+  """
+  distance_sum = state["distance_sum"] + distance
+  distance_count = state["distance_count"] + 1
+  move = (state["iteration"] % period) == 0
+  moved = state["lam"] - lr * (epsilon - distance_sum / distance_count)
+  return {"lam": jnp.where(move & learn, moved, state["lam"]),
+          "distance_sum": jnp.where(move, 0.0, distance_sum),
+          "distance_count": jnp.where(move, 0, distance_count)}
+
+
 def init_replica(settings: Settings, steps_per_epoch: int, raw_key: jax.Array) -> PyTree:
   params = network(settings.hidden).init(jax.random.fold_in(jax.random.wrap_key_data(raw_key),
                                                             0))
-  num_evaluations = settings.num_evaluations
   return {"params": params,
           "opt_state": optimizer(settings, steps_per_epoch).init(params),
           "lam": jnp.float32(settings.lam_init),
           "distance_sum": jnp.float32(0.0), "distance_count": jnp.int32(0),
           "iteration": jnp.int32(0),
           "best_params": params, "best_robust": jnp.float32(-1.0),
-          "best_epoch": jnp.int32(0),
-          "curve_robust": jnp.full(num_evaluations, jnp.nan, jnp.float32),
-          "curve_clean": jnp.full(num_evaluations, jnp.nan, jnp.float32),
-          "curve_lam": jnp.full(num_evaluations, jnp.nan, jnp.float32)}
+          "best_epoch": jnp.int32(0)}
 
 
 def robust_correct(params: PyTree, x: jax.Array, labels: jax.Array, key: jax.Array, *,
@@ -232,17 +243,11 @@ def replica_chunk(settings: Settings, steps_per_epoch: int):
 
     grads, (mean_loss, accuracy, max_weight) = jax.grad(objective, has_aux=True)(params)
     updates, opt_state = tx.update(grads, state["opt_state"], params)
-    # The lam rule (Eq. 19): the mean L1 size of delta since the last move.
-    distance_sum = state["distance_sum"] + jnp.mean(jnp.abs(x_adv - x))
-    distance_count = state["distance_count"] + 1
-    move = (state["iteration"] % settings.lam_period) == 0
-    moved = state["lam"] - settings.lam_lr * (epsilon - distance_sum / distance_count)
-    lam = jnp.where(move & (inputs.learn_lam > 0), moved, state["lam"])
-    state = {**state, "params": optax.apply_updates(params, updates), "opt_state": opt_state,
-             "lam": lam, "distance_sum": jnp.where(move, 0.0, distance_sum),
-             "distance_count": jnp.where(move, 0, distance_count),
-             "iteration": state["iteration"] + 1}
-    return state, {"train/adv_loss": mean_loss, "train/adv_accuracy": accuracy,
+    lam_state = lam_rule(state, jnp.mean(jnp.abs(x_adv - x)), epsilon, inputs.learn_lam > 0,
+                         lr=settings.lam_lr, period=settings.lam_period)
+    state = {**state, **lam_state, "params": optax.apply_updates(params, updates),
+             "opt_state": opt_state, "iteration": state["iteration"] + 1}
+    return state, {"train/loss": mean_loss, "train/adv_accuracy": accuracy,
                    "train/max_weight": max_weight}
 
   def one_replica(state, inputs: ReplicaInputs, x_train, eval_x, eval_y, start, stop):
@@ -260,12 +265,8 @@ def replica_chunk(settings: Settings, steps_per_epoch: int):
                                      settings=settings, num_steps=settings.eval_steps,
                                      record_at=(settings.eval_steps,))[-1])
     clean = jnp.mean(jnp.argmax(apply(state["params"], eval_x), -1) == eval_y)
-    index = (stop - 1) // settings.eval_every
     better = robust > state["best_robust"]
     state = {**state,
-             "curve_robust": state["curve_robust"].at[index].set(robust),
-             "curve_clean": state["curve_clean"].at[index].set(clean),
-             "curve_lam": state["curve_lam"].at[index].set(state["lam"]),
              "best_robust": jnp.where(better, robust, state["best_robust"]),
              "best_epoch": jnp.where(better, stop, state["best_epoch"]),
              "best_params": jax.tree.map(lambda new, old: jnp.where(better, new, old),
@@ -298,19 +299,33 @@ def per_replica(metrics: dict[str, np.ndarray]) -> dict[str, list[float]]:
 
 @dataclasses.dataclass
 class TrainResult:
-  state: PyTree          # replica-stacked final state (curves, best params and epoch inside)
+  state: PyTree          # replica-stacked final state (best params and epoch inside)
+  curve_epochs: np.ndarray            # [E] the epochs that ended an evaluation chunk
+  curves: dict[str, np.ndarray]       # robust, clean, lam: [R, E] at those epochs
   wall_s: float
   earlier_s: float
+
+
+CURVES = {"robust": "eval/robust", "clean": "eval/clean", "lam": "eval/lam"}
+
+
+def evaluation_curves(history: Sequence[dict[str, Any]], epochs: int
+                      ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+  """The per-replica evaluation records of a run (the last record of each epoch up to
+  `epochs`) as ([E] epochs, {robust, clean, lam: [R, E]})."""
+  by_epoch = {int(r["step"]): r for r in history if "eval/robust" in r and r["step"] <= epochs}
+  curve_epochs = np.asarray(sorted(by_epoch), np.int64)
+  return curve_epochs, {name: np.asarray([by_epoch[e][key] for e in curve_epochs],
+                                         np.float64).T for name, key in CURVES.items()}
 
 
 def train(inputs: ReplicaInputs, x_train: np.ndarray, eval_x: np.ndarray, eval_y: np.ndarray,
           settings: Settings, *, mesh: jax.sharding.Mesh,
           workdir: str | os.PathLike | None = None, ckpt_every: int | None = None,
           progress: bool = True) -> TrainResult:
-  """Trains every replica for `settings.epochs` epochs, resumable from `workdir/checkpoints`."""
-  if settings.epochs % settings.eval_every:
-    raise ValueError(f"epochs ({settings.epochs}) must be a multiple of eval_every "
-                     f"({settings.eval_every})")
+  """Trains every replica for `settings.epochs` epochs, resumable from `workdir/checkpoints`
+  (also with more epochs than the run it resumes; the curves of earlier calls come from
+  `workdir/metrics.jsonl`)."""
   steps_per_epoch = x_train.shape[0] // settings.batch_size
   if steps_per_epoch < 1:
     raise ValueError(f"batch_size {settings.batch_size} exceeds the {x_train.shape[0]} "
@@ -325,7 +340,10 @@ def train(inputs: ReplicaInputs, x_train: np.ndarray, eval_x: np.ndarray, eval_y
       steps=settings.epochs, chunk_steps=settings.eval_every,
       ckpt_every=ckpt_every or settings.eval_every * 5, mesh=mesh, workdir=workdir,
       desc="sr_wdro epochs", progress=progress, summarize=per_replica)
-  return TrainResult(state=run.state, wall_s=run.wall_s, earlier_s=run.earlier_s)
+  history = metrics_lib.read_jsonl(workdir) if workdir is not None else run.history
+  curve_epochs, curves = evaluation_curves(history, settings.epochs)
+  return TrainResult(state=run.state, curve_epochs=curve_epochs, curves=curves,
+                     wall_s=run.wall_s, earlier_s=run.earlier_s)
 
 
 @functools.lru_cache(maxsize=None)
@@ -351,3 +369,39 @@ def final_accuracies(params: PyTree, x: np.ndarray, labels: np.ndarray, keys: np
     labels = np.broadcast_to(labels, (keys.shape[0], labels.shape[0]))
   clean, robust = evaluate(params, jnp.asarray(x), jnp.asarray(labels), keys)
   return np.asarray(clean), np.asarray(robust)
+
+
+@functools.lru_cache(maxsize=None)
+def weight_share_function(settings: Settings, num_steps: int):
+  def one_replica(params, x, labels, marked, radius, raw_key):
+    key = jax.random.wrap_key_data(raw_key)
+    apply = network(settings.hidden).apply
+
+    def loss(x_adv, unused_key):
+      return jnp.sum(cross_entropy(apply(params, x_adv), labels))
+
+    x_adv = linf.pgd_linf(loss, x, linf.fixed_keys(key, num_steps), epsilon=settings.epsilon,
+                          step_size=settings.epsilon * settings.step_fraction, bounds=BOUNDS,
+                          random_start=key)
+    losses = cross_entropy(apply(params, x_adv), labels)
+    batch = settings.batch_size
+    num_batches = x.shape[0] // batch
+    order = jax.random.permutation(jax.random.fold_in(key, 1), x.shape[0])[:num_batches * batch]
+    weights = jax.vmap(lambda l: weights_lib.kl_worst_case_weights(
+        l, radius, num_iterations=settings.weight_iterations))(
+            losses[order].reshape(num_batches, batch))
+    return jnp.sum(weights * marked[order].reshape(num_batches, batch)) / num_batches
+  return jax.jit(jax.vmap(one_replica, in_axes=(0, None, 0, 0, 0, 0)))
+
+
+def marked_weight_share(params: PyTree, x: np.ndarray, labels: np.ndarray, marked: np.ndarray,
+                        radius: np.ndarray, keys: np.ndarray, settings: Settings, *,
+                        num_steps: int) -> np.ndarray:
+  """[R]: the share of the KL worst-case weight (each replica's radius, minibatches of the
+  training batch size) that falls on the `marked` examples [R, N] (e.g. the flipped labels),
+  with per-example losses under PGD-`num_steps` at the training eps. Radius 0 gives the marked
+  fraction (up to the examples left out of whole batches)."""
+  share = weight_share_function(settings, num_steps)(
+      params, jnp.asarray(x), jnp.asarray(labels), jnp.asarray(marked, jnp.float32),
+      jnp.asarray(radius, jnp.float32), keys)
+  return np.asarray(share)
