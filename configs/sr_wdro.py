@@ -7,7 +7,7 @@ falls); the claims test whether SR-WDRO (r = 0.1, 0.3) keeps a smaller best-to-l
 higher last-epoch robust accuracy than AT and UDR, over 3 seeds. The `clean` setting (1 seed) is
 reported beside it. Numbers: results/sr_wdro.json, discussed in jaxlab/methods/sr_wdro/README.md.
 
-Presets: smoke (tests, seconds), quick (5 methods x 3 seeds noisy + 5 x 1 clean, 200 epochs),
+Presets: smoke (tests, seconds), quick (7 methods x 3 seeds noisy + 7 x 1 clean, 200 epochs),
 paper (adds r = 0.05, TRADES and SR-TRADES, 5 seeds; the paper's CIFAR-10 / ResNet-18 is not
 available offline). `train.steps` is the number of epochs; every `train.eval_every` epochs a
 PGD-20 evaluation on `data.num_eval_images` fixed test images ends a compiled chunk.
@@ -23,7 +23,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   arg = config_lib.parse_arg(arg, default_preset="quick")
   preset = arg.preset
   c = config_lib.base_config(preset=preset, seed=0)
-  c.methods = "erm,at,udr,sr_wdro_r0.1,sr_wdro_r0.3"
+  # sr_wdro_stale_r<r>: the official code's weights (solved on the first batch, then reused by
+  # position), an ablation beside the method as the paper describes it.
+  c.methods = "erm,at,udr,sr_wdro_r0.1,sr_wdro_r0.3,sr_wdro_stale_r0.1,sr_wdro_stale_r0.3"
   c.settings = "noisy,clean"
   c.num_seeds = 3           # noisy setting
   c.clean_seeds = 1         # clean setting
@@ -43,10 +45,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.train.update(dict(steps=200, batch_size=100, eval_every=4, ckpt_every=20, log_every=4))
   if preset == "paper":
     c.methods = ("erm,at,udr,trades,sr_wdro_r0.05,sr_wdro_r0.1,sr_wdro_r0.3,"
-                 "sr_trades_r0.1")
+                 "sr_trades_r0.1,sr_wdro_stale_r0.1,sr_wdro_stale_r0.3")
     c.num_seeds = 5
   if preset == "smoke":
-    c.methods = "erm,at,udr,sr_wdro_r0.3"
+    c.methods = "erm,at,sr_wdro_r0.3,sr_wdro_stale_r0.3"
     c.settings = "noisy"
     c.num_seeds = 2
     c.data.num_eval_images = 64

@@ -151,6 +151,22 @@ def _paired(noisy, ours, base, metric, lower):
                                    noisy[base][metric]["per_seed"], lower_is_better=lower)
 
 
+def stale_weight_ablation(noisy):
+  """Seed-paired differences of the official code's stale weights against the method as
+  described (same r) and against UDR: gap and last_rob."""
+  out = {}
+  for name in noisy:
+    if not name.startswith("sr_wdro_stale_r"):
+      continue
+    fresh = name.replace("sr_wdro_stale_r", "sr_wdro_r")
+    for base in (fresh, "udr"):
+      if base in noisy and len(noisy[name]["gap"]["per_seed"]) >= 2:
+        out[f"{name}_vs_{base}"] = {
+            "gap": _paired(noisy, name, base, "gap", True),
+            "last_rob": _paired(noisy, name, base, "last_rob", False)}
+  return out
+
+
 def claims_of(metrics, config):
   noisy = metrics.get("noisy")
   if not noisy:
@@ -230,6 +246,8 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
   metrics["timing"] = {"train_s": run.wall_s + run.earlier_s,
                        "num_replicas": len(rows),
                        "final_eval_s": time.perf_counter() - start - run.wall_s}
+  if "noisy" in metrics:
+    metrics["stale_weight_ablation"] = stale_weight_ablation(metrics["noisy"])
   setting_metrics = {s: metrics[s] for s in settings_names}
   results.save_figure(plot(setting_metrics), workdir, "robust_curves.png", SLUG, config)
   headline = None

@@ -13,7 +13,9 @@ A replica trains an MLP on its own (possibly noisy) labels. Per minibatch it
 The methods differ only in traced per-replica numbers, so one `vmap` runs them all:
 `erm` (eps 0), `at` (lam fixed at 1, r 0), `udr` (lam learned, r 0), `sr_wdro_r<r>` (lam learned,
 radius r); `trades` / `sr_trades_r<r>` replace the loss by CE(clean) + beta KL(clean || adv)
-(TRADES), reweighted the same way. Every `eval_every` epochs a chunk ends with PGD-20 on a fixed
+(TRADES), reweighted the same way. `sr_wdro_stale_r<r>` is an ablation of what the official code
+computes (its quirk (a)): the weights are solved once, on the replica's first batch, and reused
+by batch position for every later batch. Every `eval_every` epochs a chunk ends with PGD-20 on a fixed
 test subset, logged per replica (the curves are read back from `metrics.jsonl`, so a run may
 be resumed with more epochs); the best epoch and its parameters live in the replica state.
 """
@@ -40,7 +42,7 @@ from jaxlab.zoo import mlp
 
 PyTree = Any
 BOUNDS = (0.0, 1.0)
-_RADIUS = re.compile(r"^(sr_wdro|sr_trades)_r([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)$")
+_RADIUS = re.compile(r"^(sr_wdro|sr_trades|sr_wdro_stale)_r([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,10 +52,12 @@ class MethodSpec:
   learn_lam: bool      # the soft ball's lam follows the rule; else it stays at lam_init = 1
   radius: float        # KL radius r of the reweighting (0: the plain mean)
   trades: bool         # CE(clean) + beta KL(clean || adv) instead of CE(adv)
+  stale_weights: bool = False   # the first batch's weights, reused by position (official quirk)
 
 
 def parse_method(name: str) -> MethodSpec:
-  """`erm`, `at`, `udr`, `trades`, `sr_wdro_r<r>` or `sr_trades_r<r>` (r > 0)."""
+  """`erm`, `at`, `udr`, `trades`, `sr_wdro_r<r>`, `sr_trades_r<r>` or `sr_wdro_stale_r<r>`
+  (r > 0)."""
   fixed = {"erm": MethodSpec("erm", False, False, 0.0, False),
            "at": MethodSpec("at", True, False, 0.0, False),
            "udr": MethodSpec("udr", True, True, 0.0, False),
@@ -63,8 +67,10 @@ def parse_method(name: str) -> MethodSpec:
   match = _RADIUS.match(name)
   if not match or float(match.group(2)) <= 0:
     raise ValueError(f"unknown method {name!r}; choose erm, at, udr, trades, sr_wdro_r<r> or "
-                     "sr_trades_r<r> with a radius r > 0 (e.g. sr_wdro_r0.1)")
-  return MethodSpec(name, True, True, float(match.group(2)), match.group(1) == "sr_trades")
+                     "sr_trades_r<r> or sr_wdro_stale_r<r> with a radius r > 0 "
+                     "(e.g. sr_wdro_r0.1)")
+  return MethodSpec(name, True, True, float(match.group(2)), match.group(1) == "sr_trades",
+                    stale_weights=match.group(1) == "sr_wdro_stale")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,12 +133,14 @@ class ReplicaInputs:
   learn_lam: np.ndarray     # [R] 1.0 / 0.0
   radius: np.ndarray        # [R]
   trades: np.ndarray        # [R] 1.0 / 0.0
+  stale_weights: np.ndarray  # [R] 1.0 / 0.0
   key: np.ndarray           # [R] PRNG keys (init, shuffles, attack starts)
   train_labels: np.ndarray  # [R, N] the labels this replica trains on
 
 
 jax.tree_util.register_dataclass(
-    ReplicaInputs, data_fields=["epsilon", "learn_lam", "radius", "trades", "key",
+    ReplicaInputs, data_fields=["epsilon", "learn_lam", "radius", "trades", "stale_weights",
+                                "key",
                                 "train_labels"], meta_fields=[])
 
 
@@ -147,6 +155,7 @@ def replica_inputs(specs: Sequence[MethodSpec], seeds: Sequence[int],
       learn_lam=np.asarray([float(s.learn_lam) for s in specs], np.float32),
       radius=np.asarray([s.radius for s in specs], np.float32),
       trades=np.asarray([float(s.trades) for s in specs], np.float32),
+      stale_weights=np.asarray([float(s.stale_weights) for s in specs], np.float32),
       key=jax.random.key_data(jnp.stack([jax.random.key(s) for s in seeds])),
       train_labels=np.stack([np.asarray(l, np.int32) for l in labels]))
 
@@ -178,7 +187,9 @@ def init_replica(settings: Settings, steps_per_epoch: int, raw_key: jax.Array) -
           "distance_sum": jnp.float32(0.0), "distance_count": jnp.int32(0),
           "iteration": jnp.int32(0),
           "best_params": params, "best_robust": jnp.float32(-1.0),
-          "best_epoch": jnp.int32(0)}
+          "best_epoch": jnp.int32(0),
+          "first_batch_weights": jnp.full(settings.batch_size, 1.0 / settings.batch_size,
+                                         jnp.float32)}
 
 
 def robust_correct(params: PyTree, x: jax.Array, labels: jax.Array, key: jax.Array, *,
@@ -235,18 +246,22 @@ def replica_chunk(settings: Settings, steps_per_epoch: int):
         trades_loss = (cross_entropy(clean_logits, labels)
                        + settings.trades_beta * kl_clean_adv(clean_logits, adv_logits))
         per_example = jnp.where(trades, trades_loss, per_example)
-      weights = weights_lib.kl_worst_case_weights(per_example, inputs.radius,
-                                                  num_iterations=settings.weight_iterations)
+      fresh = weights_lib.kl_worst_case_weights(per_example, inputs.radius,
+                                                num_iterations=settings.weight_iterations)
+      first_batch = jnp.where(state["iteration"] == 0, fresh, state["first_batch_weights"])
+      weights = jnp.where(inputs.stale_weights > 0, first_batch, fresh)
       accuracy = jnp.mean(jnp.argmax(adv_logits, -1) == labels)
       return jnp.sum(weights * per_example), (jnp.mean(per_example), accuracy,
-                                              jnp.max(weights))
+                                              jnp.max(weights), first_batch)
 
-    grads, (mean_loss, accuracy, max_weight) = jax.grad(objective, has_aux=True)(params)
+    grads, (mean_loss, accuracy, max_weight, first_batch) = jax.grad(objective, has_aux=True)(
+        params)
     updates, opt_state = tx.update(grads, state["opt_state"], params)
     lam_state = lam_rule(state, jnp.mean(jnp.abs(x_adv - x)), epsilon, inputs.learn_lam > 0,
                          lr=settings.lam_lr, period=settings.lam_period)
     state = {**state, **lam_state, "params": optax.apply_updates(params, updates),
-             "opt_state": opt_state, "iteration": state["iteration"] + 1}
+             "opt_state": opt_state, "iteration": state["iteration"] + 1,
+             "first_batch_weights": first_batch}
     return state, {"train/loss": mean_loss, "train/adv_accuracy": accuracy,
                    "train/max_weight": max_weight}
 
