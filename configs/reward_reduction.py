@@ -49,7 +49,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.agent.homotopy_steps = 39_000
     c.train.steps = 52_000
   if preset == "smoke":
-    c.methods = "ours,pca,none"
+    c.methods = "ours,none"
     c.num_seeds = 2
     c.env.update(dict(episode_decisions=20, vehicles=400.0, weibull_scale=133.0))
     c.agent.update(dict(hidden=(16,), learning_starts=20, target_every=50, homotopy_steps=60))
