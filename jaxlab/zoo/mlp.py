@@ -60,12 +60,14 @@ class MLP(nnx.Module):
   `init_std` gives N(0, std^2) weights (None: Flax's default LeCun normal); `out_init_std`
   overrides it for the last layer (GPT-2 scales the residual projection by 1/sqrt(2 * depth)).
   `torch_init` initialises every layer like `torch.nn.Linear` instead. `layer_norm` puts a
-  LayerNorm (torch's epsilon 1e-5) between each hidden projection and its activation.
+  LayerNorm (torch's epsilon 1e-5) between each hidden projection and its activation. `dropout`
+  (a rate in [0, 1)) drops hidden activations, scaled by 1 / (1 - rate), only in calls given a
+  `dropout_key`; calls without one are deterministic (evaluation).
   """
 
   def __init__(self, features: Sequence[int], *, activation: str = "gelu",
                init_std: float | None = None, out_init_std: float | None = None,
-               torch_init: bool = False, layer_norm: bool = False,
+               torch_init: bool = False, layer_norm: bool = False, dropout: float = 0.0,
                param_dtype=jnp.float32, rngs: nnx.Rngs):
     if len(features) < 2:
       raise ValueError(f"MLP needs at least [in, out] features, got {list(features)}")
@@ -73,7 +75,10 @@ class MLP(nnx.Module):
       raise ValueError(f"unknown activation {activation!r}; choose one of {sorted(ACTIVATIONS)}")
     if torch_init and (init_std is not None or out_init_std is not None):
       raise ValueError("torch_init and init_std/out_init_std are alternatives; give one")
+    if not 0.0 <= dropout < 1.0:
+      raise ValueError(f"dropout must be a rate in [0, 1), got {dropout}")
     self.activation = activation
+    self.dropout = dropout
     self.norms = nnx.List([nnx.LayerNorm(width, epsilon=1e-5, param_dtype=param_dtype,
                                          rngs=rngs) for width in features[1:-1]]
                           if layer_norm else [])
@@ -91,7 +96,7 @@ class MLP(nnx.Module):
                                     rngs=rngs))
     self.layers = nnx.List(layers)
 
-  def __call__(self, x: jax.Array) -> jax.Array:
+  def __call__(self, x: jax.Array, dropout_key: jax.Array | None = None) -> jax.Array:
     act = ACTIVATIONS[self.activation]
     for i, layer in enumerate(self.layers):
       x = layer(x)
@@ -99,4 +104,8 @@ class MLP(nnx.Module):
         if self.norms:
           x = self.norms[i](x)
         x = act(x)
+        if dropout_key is not None and self.dropout > 0:
+          keep = jax.random.bernoulli(jax.random.fold_in(dropout_key, i), 1.0 - self.dropout,
+                                      x.shape)
+          x = jnp.where(keep, x / (1.0 - self.dropout), 0.0)
     return x
