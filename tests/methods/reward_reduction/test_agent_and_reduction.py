@@ -1,0 +1,93 @@
+"""reward_reduction: the envelope target, the reductions, one trace, bad configs."""
+from __future__ import annotations
+
+import pathlib
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments import reward_reduction as experiment
+from jaxlab.core import config as config_lib
+from jaxlab.methods.reward_reduction import agent
+from jaxlab.methods.reward_reduction import reduction
+from jaxlab.methods.reward_reduction import traffic
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+TINY = agent.AgentSettings(reduction=reduction.ReductionSettings(method="ours"),
+                           traffic=traffic.TrafficConfig(episode_decisions=10), hidden=(8,),
+                           learning_starts=4, target_every=5, homotopy_steps=10,
+                           total_steps=20, chunk_steps=5, reduction_batch=4)
+
+
+def test_envelope_target_equals_a_loop():
+  net = agent.q_network(traffic.OBSERVATION_SIZE, 4, (8,))
+  online, target = net.init(jax.random.key(0)), net.init(jax.random.key(1))
+  next_obs = jax.random.uniform(jax.random.key(2), (3, traffic.OBSERVATION_SIZE))
+  rewards = jax.random.normal(jax.random.key(3), (3, 4))
+  sampled = agent.sample_preferences(jax.random.key(4), 4, 5)
+  y = agent.envelope_targets(TINY, online, target, next_obs, rewards, sampled[:2], sampled)
+  for b in range(3):
+    for j in range(2):
+      best, best_value = None, -np.inf
+      for k in range(5):
+        q = np.asarray(agent.q_values(TINY, online, next_obs[b], sampled[k]))
+        for a in range(traffic.NUM_PHASES):
+          value = float(q[a] @ np.asarray(sampled[j]))
+          if value > best_value:
+            best, best_value = (k, a), value
+      q_target = np.asarray(agent.q_values(TINY, target, next_obs[b], sampled[best[0]]))
+      np.testing.assert_allclose(y[b, j], rewards[b] + 0.99 * q_target[best[1]], rtol=1e-5,
+                                 atol=1e-5)
+
+
+def test_ours_is_positive_and_row_stochastic_and_pca_is_numpy_eigh():
+  settings = reduction.ReductionSettings(method="ours")
+  ours = reduction.make(settings)
+  state = ours.init(jax.random.key(0))
+  rewards = jax.random.normal(jax.random.key(1), (64, 16)) * jnp.arange(1, 17)[None]
+  for i in range(20):
+    state, _ = ours.update(state, rewards[:32], jax.random.key(i))
+  a = np.asarray(ours.matrix(state))
+  assert np.all(a > 0) and np.allclose(a.sum(1), 1.0, atol=1e-6)
+  pca = reduction.make(reduction.ReductionSettings(method="pca"))
+  state = pca.init(jax.random.key(0))
+  for r in rewards:
+    state = pca.observe(state, r)
+  state, _ = pca.update(state, rewards, jax.random.key(0))
+  data = np.asarray(rewards, np.float64)
+  cov = np.cov(data.T, bias=True)
+  np.testing.assert_allclose(np.asarray(state["mean"]), data.mean(0), rtol=1e-4, atol=1e-4)
+  values, vectors = np.linalg.eigh(cov)
+  expected = vectors[:, ::-1][:, :4].T
+  got = np.asarray(pca.matrix(state))
+  # Eigenvectors are defined up to sign.
+  np.testing.assert_allclose(np.abs(np.sum(got * expected, axis=1)), 1.0, atol=1e-3)
+
+
+def test_the_chunk_traces_once_and_learns_without_nans():
+  chex.clear_trace_counter()
+  env = traffic.demand(0, TINY.traffic, vehicles=200.0, weibull_scale=60.0)
+  counted = chex.assert_max_traces(agent.replica_chunk(TINY), n=1)
+  chunk = jax.jit(jax.vmap(counted, in_axes=(0, 0, None, None, None)))
+  keys = jnp.stack([jax.random.key(0), jax.random.key(1)])
+  state = jax.vmap(lambda k: agent.init_replica(TINY, env, k))(keys)
+  for start in range(0, 20, 5):
+    state, metrics = chunk(state, keys, env, jnp.asarray(start), jnp.asarray(start + 5))
+  chex.clear_trace_counter()
+  assert np.all(np.isfinite(np.asarray(metrics["train/loss"])))
+  assert np.all(np.asarray(metrics["train/loss"]) > 0)
+
+
+@pytest.mark.parametrize("override, key", [
+    ({"reduction.reduced_dim": 16}, "reduction.reduced_dim"),
+    ({"methods": "ours,svd"}, "methods"),
+    ({"agent.homotopy_steps": 10**9}, "agent.homotopy_steps"),
+])
+def test_bad_config_fails_before_compiling_naming_the_key(override, key, tmp_path):
+  config = config_lib.override(
+      config_lib.load_config(ROOT / "configs" / "reward_reduction.py", "smoke"), override)
+  with pytest.raises(config_lib.ConfigError, match=repr(key).replace(".", r"\.")):
+    experiment.main(config, str(tmp_path))
