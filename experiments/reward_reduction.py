@@ -106,8 +106,8 @@ def reconstruction_errors(settings, state):
   errors = []
   for seed_index in range(rewards.shape[0]):
     seed_state = jax.tree.map(lambda leaf, i=seed_index: leaf[i], state["reduction"])
-    errors.append(float(reduction_lib.reconstruction_mse(reduction, settings.reduction,
-                                                         seed_state, rewards[seed_index])))
+    errors.append(float(reduction_lib.reconstruction_mse(reduction, seed_state,
+                                                         rewards[seed_index])))
   return errors
 
 

@@ -211,12 +211,10 @@ def make(settings: ReductionSettings) -> Reduction:
                    lambda state, r: jax.lax.stop_gradient(encode(state["params"], r)), matrix)
 
 
-def reconstruction_mse(reduction: Reduction, settings: ReductionSettings, state: PyTree,
-                       rewards: jax.Array) -> jax.Array:
+def reconstruction_mse(reduction: Reduction, state: PyTree, rewards: jax.Array) -> jax.Array:
   """Mean squared error of the best linear reconstruction of `rewards` [N, K] from their
   reductions (least squares with a bias), comparable across methods with and without decoders."""
   reduced = reduction.reduce(state, rewards)
   design = jnp.concatenate([reduced, jnp.ones((reduced.shape[0], 1), reduced.dtype)], axis=1)
   solution, *_ = jnp.linalg.lstsq(design, rewards)
-  del settings
   return jnp.mean((design @ solution - rewards) ** 2)

@@ -1,6 +1,7 @@
 """SR-WDRO training: the lam rule, label noise, method parsing, one compile, resume, bad configs."""
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 
 import chex
@@ -166,7 +167,7 @@ def test_stale_weights_are_the_first_batch_weights_reused_by_position():
 def test_zero_radius_trains_exactly_as_udr():
   x_train, y_train, eval_x, eval_y = tiny_data()
   udr = training.parse_method("udr")
-  inputs = training.replica_inputs([udr, dataclass_replace(udr, radius=0.0)], [0, 0],
+  inputs = training.replica_inputs([udr, dataclasses.replace(udr, radius=0.0)], [0, 0],
                                    [y_train, y_train], TINY)
   mesh = parallel.make_mesh(devices=jax.devices()[:1])
   result = training.train(inputs, x_train, eval_x, eval_y, TINY, mesh=mesh, progress=False)
@@ -175,17 +176,12 @@ def test_zero_radius_trains_exactly_as_udr():
   chex.assert_trees_all_equal(first["params"], second["params"])
 
 
-def dataclass_replace(spec, **changes):
-  import dataclasses  # pylint: disable=g-import-not-at-top
-  return dataclasses.replace(spec, **changes)
-
-
 def test_a_run_resumed_with_more_epochs_ends_as_one_run_and_keeps_its_curves(tmp_path):
   x_train, y_train, eval_x, eval_y = tiny_data()
   inputs = tiny_inputs(["at", "sr_wdro_r0.1"], y_train)
   mesh = parallel.make_mesh(devices=jax.devices()[:1])
   whole = training.train(inputs, x_train, eval_x, eval_y, TINY, mesh=mesh, progress=False)
-  first = training.train(inputs, x_train, eval_x, eval_y, dataclass_replace(TINY, epochs=3),
+  first = training.train(inputs, x_train, eval_x, eval_y, dataclasses.replace(TINY, epochs=3),
                          mesh=mesh, workdir=tmp_path, ckpt_every=2, progress=False)
   np.testing.assert_array_equal(first.curve_epochs, [2, 3])   # a ragged last chunk
   resumed = training.train(inputs, x_train, eval_x, eval_y, TINY, mesh=mesh,
