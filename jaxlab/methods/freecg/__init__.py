@@ -1,0 +1,1 @@
+"""FreeCG: grouped Clebsch-Gordan transforms on abstract edges (ICLR 2025)."""
