@@ -185,24 +185,16 @@ def _errors(apply, params, positions, numbers, mask, energy, forces):
           "force_mae": jnp.sum(jnp.abs(force_error)) / count}
 
 
-def replica_chunk(settings: TrainSettings, steps_per_epoch: int):
-  """(state, train, val, start, stop) -> (state, metrics): one epoch of one replica, then the
-  validation loss (official weights, no EMA) drives the plateau rule."""
+def make_train_step(settings: TrainSettings):
+  """(state, batch, step index) -> (state, metrics): one AdamW step of one replica on a batch
+  {positions, numbers, mask, energy, forces}."""
   apply = network(settings.name, settings.model).apply
   tx = optimizer()
-  batch = settings.batch_size
 
-  def train_step(state, index, data):
-    key = jax.random.wrap_key_data(state["key"])
-    epoch, position = index // steps_per_epoch, index % steps_per_epoch
-    order = jax.random.permutation(jax.random.fold_in(key, 1_000_000 + epoch),
-                                   data["energy"].shape[0])
-    rows = jax.lax.dynamic_slice_in_dim(order, position * batch, batch)
-    numbers, mask = data["numbers"][rows], data["mask"][rows]
-    positions, energy, forces = data["positions"][rows], data["energy"][rows], data["forces"][rows]
-
+  def train_step(state, batch, index):
     def objective(params):
-      errors = _errors(apply, params, positions, numbers, mask, energy, forces)
+      errors = _errors(apply, params, batch["positions"], batch["numbers"], batch["mask"],
+                       batch["energy"], batch["forces"])
       previous = jnp.where(jnp.isnan(state["energy_loss_ema"]), errors["energy_mse"],
                            state["energy_loss_ema"])
       energy_loss = (settings.energy_ema * errors["energy_mse"]
@@ -221,8 +213,26 @@ def replica_chunk(settings: TrainSettings, steps_per_epoch: int):
     return state, {"train/loss": loss, "train/energy_mae_mev": errors["energy_mae"] * MEV,
                    "train/force_mae_mev_a": errors["force_mae"] * MEV, "train/lr": lr}
 
+  return train_step
+
+
+def replica_chunk(settings: TrainSettings, steps_per_epoch: int):
+  """(state, train, val, start, stop) -> (state, metrics): one epoch of one replica, then the
+  validation loss (official weights, no EMA) drives the plateau rule."""
+  apply = network(settings.name, settings.model).apply
+  train_step = make_train_step(settings)
+  batch_size = settings.batch_size
+
+  def epoch_step(state, index, data):
+    key = jax.random.wrap_key_data(state["key"])
+    epoch, position = index // steps_per_epoch, index % steps_per_epoch
+    order = jax.random.permutation(jax.random.fold_in(key, 1_000_000 + epoch),
+                                   data["energy"].shape[0])
+    rows = jax.lax.dynamic_slice_in_dim(order, position * batch_size, batch_size)
+    return train_step(state, jax.tree.map(lambda column: column[rows], data), index)
+
   def one_replica(state, train, val, start, stop):
-    state, metrics = replicas.scan_chunk(lambda s, i: train_step(s, i, train), state, start,
+    state, metrics = replicas.scan_chunk(lambda s, i: epoch_step(s, i, train), state, start,
                                          stop, steps_per_epoch)
     val_errors = jax.lax.map(
         lambda b: _errors(apply, state["params"], b["positions"], b["numbers"], b["mask"],
