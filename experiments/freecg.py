@@ -182,6 +182,7 @@ def claims_of(metrics: dict, seeds: list[int]) -> list[dict]:
 
 def plot(metrics: dict):
   import matplotlib  # pylint: disable=g-import-not-at-top
+  import matplotlib.ticker  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   systems = list(metrics)
@@ -203,6 +204,8 @@ def plot(metrics: dict):
     curve_axis.legend(fontsize=8)
     cost_axis.set(xlabel="ms per training step (all seeds)", ylabel="test force MAE (meV/A)",
                   title=f"{system}: accuracy against cost", xscale="log", yscale="log")
+    # Minor-tick labels of a log axis spanning one decade overlap each other.
+    cost_axis.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
   figure.tight_layout()
   return figure
 
