@@ -37,9 +37,10 @@ def options(config: ml_collections.ConfigDict) -> tuple[list[str], list[str]]:
   systems = config_lib.select_names(config, "systems", md_emt.SYSTEMS)
   config_lib.require(config.num_seeds >= 1, "num_seeds", "must be >= 1")
   m = config.model
-  config_lib.require(m.groups * m.edges_per_group == m.channels, "model.groups",
-                     f"model.groups x model.edges_per_group must equal model.channels: "
-                     f"{m.groups} x {m.edges_per_group} != {m.channels}")
+  try:
+    training.model_settings(m)
+  except ValueError as error:
+    raise config_lib.ConfigError(f"config key 'model.groups': {error}") from None
   config_lib.require(m.channels % m.num_heads == 0, "model.num_heads",
                      f"must divide model.channels ({m.channels}), got {m.num_heads}")
   config_lib.require(m.channels % 8 == 0, "model.channels",

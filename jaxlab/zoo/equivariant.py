@@ -125,6 +125,27 @@ def bessel_rbf(distances: jax.Array, cutoff: float, num_rbf: int) -> jax.Array:
   return jnp.where(small, scale * n * math.pi / cutoff, value)
 
 
+def gaussian_rbf(distances: jax.Array, cutoff: float, num_rbf: int,
+                 start: float = 0.0) -> jax.Array:
+  """[..., num_rbf]: Gaussians centred evenly on [start, cutoff], width = their spacing
+  (schnetpack's and torchmd-net's GaussianSmearing)."""
+  if num_rbf < 2:
+    raise ValueError(f"gaussian_rbf needs at least 2 Gaussians, got {num_rbf}")
+  offsets = np.linspace(start, cutoff, num_rbf, dtype=np.float32)
+  coeff = -0.5 / float(offsets[1] - offsets[0]) ** 2
+  offsets = offsets.reshape((1,) * distances.ndim + (num_rbf,))
+  return jnp.exp(coeff * (distances[..., None] - offsets) ** 2)
+
+
+def polynomial_cutoff(distances: jax.Array, cutoff: float, p: int = 6) -> jax.Array:
+  """NequIP's envelope: 1 at 0, zero with p - 1 vanishing derivatives at the cutoff
+  (Klicpera et al. 2020), 0 beyond."""
+  u = distances / cutoff
+  value = (1.0 - (p + 1) * (p + 2) / 2 * u ** p + p * (p + 2) * u ** (p + 1)
+           - p * (p + 1) / 2 * u ** (p + 2))
+  return jnp.where(u < 1.0, value, 0.0)
+
+
 def spherical_harmonics(unit_vectors: jax.Array) -> jax.Array:
   """[..., 8] real spherical harmonics l = 1, 2 ("norm": each l has unit norm) of unit vectors.
 

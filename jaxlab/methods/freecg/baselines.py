@@ -12,7 +12,6 @@ import e3nn_jax as e3nn
 from flax import nnx
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxlab.methods.freecg.settings import ModelSettings
 from jaxlab.zoo import equivariant
@@ -25,27 +24,6 @@ AVG_NEIGHBOURS = 10.0
 def shifted_softplus(x: jax.Array) -> jax.Array:
   """softplus(x) - log 2: SchNet's activation, zero at zero."""
   return jax.nn.softplus(x) - math.log(2.0)
-
-
-def gaussian_rbf(distances: jax.Array, cutoff: float, num_rbf: int,
-                 start: float = 0.0) -> jax.Array:
-  """[..., num_rbf]: Gaussians centred evenly on [start, cutoff], width = their spacing
-  (schnetpack's and torchmd-net's GaussianSmearing)."""
-  if num_rbf < 2:
-    raise ValueError(f"gaussian_rbf needs at least 2 Gaussians, got {num_rbf}")
-  offsets = np.linspace(start, cutoff, num_rbf, dtype=np.float32)
-  coeff = -0.5 / float(offsets[1] - offsets[0]) ** 2
-  offsets = offsets.reshape((1,) * distances.ndim + (num_rbf,))
-  return jnp.exp(coeff * (distances[..., None] - offsets) ** 2)
-
-
-def polynomial_cutoff(distances: jax.Array, cutoff: float, p: int = 6) -> jax.Array:
-  """NequIP's envelope: 1 at 0, zero with p - 1 vanishing derivatives at the cutoff
-  (Klicpera et al. 2020), 0 beyond."""
-  u = distances / cutoff
-  value = (1.0 - (p + 1) * (p + 2) / 2 * u ** p + p * (p + 2) * u ** (p + 1)
-           - p * (p + 1) / 2 * u ** (p + 2))
-  return jnp.where(u < 1.0, value, 0.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -95,7 +73,7 @@ class SchNet(nnx.Module):
     pair_mask = equivariant.neighbour_mask(positions, atom_mask, self.cutoff,
                                            self.max_neighbours, self_pairs=False)
     distances, _ = equivariant.pair_distances(positions, pair_mask)
-    rbf = gaussian_rbf(distances, self.cutoff, self.num_rbf)
+    rbf = equivariant.gaussian_rbf(distances, self.cutoff, self.num_rbf)
     envelope = jnp.where(pair_mask, equivariant.cosine_cutoff(distances, self.cutoff), 0.0)
     x = self.embedding(numbers)
     for interaction in self.interactions:
@@ -240,7 +218,7 @@ class NequIPLike(nnx.Module):
     edge_sh = e3nn.IrrepsArray(edge_sh.irreps,
                                jnp.where(pair_mask[..., None], edge_sh.array, 0.0))
     basis = equivariant.bessel_rbf(distances, self.cutoff, self.NUM_BASIS)
-    envelope = jnp.where(pair_mask, polynomial_cutoff(distances, self.cutoff), 0.0)
+    envelope = jnp.where(pair_mask, equivariant.polynomial_cutoff(distances, self.cutoff), 0.0)
     scalars = self.embedding(numbers)
     lead = scalars.shape[:-1]
     node_irreps = e3nn.Irreps(self.node_irreps)

@@ -90,7 +90,11 @@ def check_inputs(positions: Any, numbers: Any, mask: Any, settings: ModelSetting
 def init(config: ml_collections.ConfigDict, key: jax.Array, name: str = "freecg", *,
          energy_mean: float = 0.0, energy_std: float = 1.0) -> PyTree:
   """{"net": network parameters, "standardize": {"mean", "std"}} (the latter never trained)."""
-  settings = model_settings(config.model, name)
+  return initial_params(name, model_settings(config.model, name), key, energy_mean, energy_std)
+
+
+def initial_params(name: str, settings: ModelSettings, key: jax.Array, energy_mean: float,
+                   energy_std: float) -> PyTree:
   return {"net": network(name, settings).init(key),
           "standardize": {"mean": jnp.asarray(energy_mean, jnp.float32),
                           "std": jnp.asarray(energy_std, jnp.float32)}}
@@ -162,9 +166,8 @@ def optimizer() -> optax.GradientTransformation:
 def init_replica(settings: TrainSettings, energy_mean: float, energy_std: float,
                  raw_key: jax.Array) -> PyTree:
   key = jax.random.wrap_key_data(raw_key)
-  params = {"net": network(settings.name, settings.model).init(jax.random.fold_in(key, 0)),
-            "standardize": {"mean": jnp.asarray(energy_mean, jnp.float32),
-                            "std": jnp.asarray(energy_std, jnp.float32)}}
+  params = initial_params(settings.name, settings.model, jax.random.fold_in(key, 0),
+                          energy_mean, energy_std)
   return {"params": params, "opt_state": optimizer().init(params),
           "energy_loss_ema": jnp.asarray(jnp.nan, jnp.float32),
           "plateau": {"best": jnp.asarray(jnp.inf, jnp.float32),

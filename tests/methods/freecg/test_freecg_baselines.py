@@ -17,6 +17,7 @@ import pytest
 
 from jaxlab.methods.freecg import baselines
 from jaxlab.methods.freecg.settings import ModelSettings
+from jaxlab.zoo import equivariant
 from jaxlab.zoo import functional
 
 SETTINGS = ModelSettings(channels=16, layers=2, num_rbf=8, cutoff=4.0, max_neighbours=32)
@@ -154,11 +155,11 @@ def test_nequip_node_features_are_equivariant():
 
 def test_gaussian_rbf_and_polynomial_cutoff():
   d = jnp.array([0.0, 2.5, 5.0, 6.0])
-  rbf = baselines.gaussian_rbf(d, 5.0, 11)
+  rbf = equivariant.gaussian_rbf(d, 5.0, 11)
   assert rbf.shape == (4, 11)
   np.testing.assert_allclose(rbf[0, 0], 1.0)
   np.testing.assert_allclose(rbf[1, 5], 1.0)
   np.testing.assert_allclose(rbf[1, 6], np.exp(-0.5), rtol=1e-6)    # width = spacing
-  envelope = baselines.polynomial_cutoff(d, 5.0)
+  envelope = equivariant.polynomial_cutoff(d, 5.0)
   np.testing.assert_allclose(envelope, [1.0, envelope[1], 0.0, 0.0], atol=1e-6)
   assert 0.0 < float(envelope[1]) < 1.0
