@@ -1,7 +1,7 @@
 """leap: privileged-teacher DAgger for a text agent (Choudhury & Sodhi, ICLR 2025).
 
 COMMAND: python -m experiments.leap --config=configs/leap.py:quick
-EXPECTED (quick, 2 CPU cores, about 8 minutes): a 2-layer decoder student behaviour-cloned on
+EXPECTED (quick, 2 CPU cores, about 10 minutes): a 2-layer decoder student behaviour-cloned on
 the privileged expert's demonstrations of 2,000 generated find-and-deliver games, then 3 rounds
 of roll out / relabel failures / aggregate / fine-tune with each teacher (LEAP, the five
 privileged shares 0-100%, LEAP with DPO), 5 seeds as vmapped replicas. Success, steps per
