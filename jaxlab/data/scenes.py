@@ -381,12 +381,16 @@ def _sample_object(rng: np.random.Generator, spec: SceneDistribution, wall_depth
   raise ValueError(f"unknown shape {kind!r}")
 
 
-def sample_scene(rng: np.random.Generator, distribution: str = "train",
+def sample_scene(rng: np.random.Generator, distribution: str | SceneDistribution = "train",
                  fov_degrees: float = FOV_DEGREES) -> Scene:
-  """A random scene: ground (id 0), back wall (id 1) and 1-4 objects (ids 2..)."""
-  if distribution not in DISTRIBUTIONS:
+  """A random scene: ground (id 0), back wall (id 1) and 1-4 objects (ids 2..); `distribution`
+  names one of DISTRIBUTIONS or is a SceneDistribution."""
+  if isinstance(distribution, SceneDistribution):
+    spec = distribution
+  elif distribution in DISTRIBUTIONS:
+    spec = DISTRIBUTIONS[distribution]
+  else:
     raise ValueError(f"unknown distribution {distribution!r}; have {sorted(DISTRIBUTIONS)}")
-  spec = DISTRIBUTIONS[distribution]
   half_width = math.tan(math.radians(fov_degrees) / 2)
   wall_depth = float(rng.uniform(*WALL_DEPTH_RANGE))
   surfaces = [plane([0, GROUND_Y, 0], [0, 1, 0], _sample_material(rng, spec, (0.5, 1.5))),
@@ -443,6 +447,56 @@ def depth_edges(depth: np.ndarray, threshold: float = 0.1) -> np.ndarray:
       pad_after[axis], pad_before[axis] = (0, 1), (1, 0)
       edges |= np.pad(jump, pad_after) | np.pad(jump, pad_before)
   return edges
+
+
+# ----------------------------------------------------------------------------- style transfer
+
+SEMANTIC_CLASSES = ("ground", "wall", "object")
+
+
+def semantic_classes(object_id: np.ndarray) -> np.ndarray:
+  """object_id [..., H, W] -> the semantic class per pixel: 0 ground, 1 wall, 2 any object."""
+  object_id = np.asarray(object_id)
+  return np.where(object_id >= 2, 2, object_id).astype(np.int32)
+
+
+def restyle(context: Scene, reference: Scene) -> Scene:
+  """The context's geometry and light with the reference's materials by semantic class: its
+  ground, its wall, and for object k of the context the reference's object k (its last object
+  when it has fewer; a one-object reference styles every object alike)."""
+  if len(reference.surfaces) < 3:
+    raise ValueError("the reference needs a ground, a wall and at least one object")
+  last = len(reference.surfaces) - 1
+  surfaces = tuple(dataclasses.replace(
+      surface, material=reference.surfaces[min(index, last)].material)
+      for index, surface in enumerate(context.surfaces))
+  return dataclasses.replace(context, surfaces=surfaces)
+
+
+def semantix_pairs(num: int, seed: int, *, size: int = 32, distribution: str = "train"
+                   ) -> dict[str, np.ndarray]:
+  """`num` (context, reference) pairs for semantic style transfer, stacked on a leading axis.
+
+  The context has 1-3 objects, the reference one, placed and sized independently. Keys:
+  `context`, `reference`, `ideal` ([num, size, size, 3] in [0, 1]; `ideal` is
+  render(restyle(context, reference)) without pixel noise: the exact answer) and
+  `context_classes`, `reference_classes` ([num, size, size] `semantic_classes`). Pair i comes
+  from `scene_rng(seed, i)`, so the first k pairs do not depend on `num`.
+  """
+  spec = DISTRIBUTIONS[distribution]
+  context_spec = dataclasses.replace(spec, num_objects=(1, 3))
+  reference_spec = dataclasses.replace(spec, num_objects=(1, 1))
+  rows = []
+  for index in range(num):
+    rng = scene_rng(seed, index)
+    context = sample_scene(rng, context_spec)
+    reference = sample_scene(rng, reference_spec)
+    ctx, ref = render(context, size=size, rng=rng), render(reference, size=size, rng=rng)
+    rows.append({"context": ctx["image"], "reference": ref["image"],
+                 "ideal": render(restyle(context, reference), size=size)["image"],
+                 "context_classes": semantic_classes(ctx["object_id"]),
+                 "reference_classes": semantic_classes(ref["object_id"])})
+  return {name: np.stack([r[name] for r in rows]) for name in rows[0]}
 
 
 # ----------------------------------------------------------------------------- TFDS builder

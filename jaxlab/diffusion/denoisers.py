@@ -29,6 +29,13 @@ ARCHITECTURE_DEFAULTS: dict[str, dict[str, Any]] = {
                  attention_at_lowest=False),
 }
 
+# Options added after priors were first cached: recorded in the full option set only when they
+# differ from these defaults, so the specs (and cache keys) of earlier priors stay the same.
+LATER_OPTIONS: dict[str, dict[str, Any]] = {
+    "residual_mlp": {},
+    "unet": dict(attention_levels=(), num_heads=4),
+}
+
 # (params, x [B, ...], t [B], label [B] | None) -> [B, ...] like x
 DenoiserApply = Callable[..., jax.Array]
 
@@ -38,11 +45,15 @@ def architecture(kind: str, options: Mapping[str, Any] | None = None) -> dict[st
   if kind not in KINDS:
     raise ValueError(f"unknown denoiser {kind!r}; choose one of {', '.join(KINDS)}")
   full = dict(ARCHITECTURE_DEFAULTS[kind])
+  later = LATER_OPTIONS[kind]
   for key, value in (options or {}).items():
-    if key not in full:
+    if key not in full and key not in later:
       raise ValueError(f"denoiser {kind!r} has no option {key!r}; its options are "
-                       f"{', '.join(sorted(full))}")
-    full[key] = tuple(value) if isinstance(value, list) else value
+                       f"{', '.join(sorted(full) + sorted(later))}")
+    value = tuple(value) if isinstance(value, list) else value
+    if key in later and value == later[key]:
+      continue
+    full[key] = value
   return full
 
 
@@ -69,5 +80,7 @@ def build(kind: str, sample_shape: Sequence[int], options: Mapping[str, Any] | N
       channel_multipliers=tuple(arch["channel_multipliers"]),
       blocks_per_level=arch["blocks_per_level"],
       attention_at_lowest=arch["attention_at_lowest"], groups=arch["groups"],
+      num_heads=arch.get("num_heads", LATER_OPTIONS["unet"]["num_heads"]),
+      attention_levels=tuple(arch.get("attention_levels", ())),
       num_embeddings=num_labels, rngs=rngs))
   return model, model.apply

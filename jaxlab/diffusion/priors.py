@@ -38,6 +38,7 @@ from jaxlab.core import config as config_lib
 from jaxlab.core import train_loop
 from jaxlab.data import digits
 from jaxlab.data import pipeline
+from jaxlab.data import scenes
 from jaxlab.data import toy2d
 from jaxlab.diffusion import denoisers
 from jaxlab.diffusion import schedules
@@ -73,6 +74,12 @@ def _digits_train_images(size, options, data_dir):
                               seed=options["split_seed"], data_dir=data_dir)[0]
 
 
+def _scene_train_images(size, options, data_dir):
+  config = scenes.scenes_config(size=size, num_train=options["num_train"], num_test=1,
+                                seed=options["seed"])
+  return scenes.load_arrays("train", config, data_dir)["image"] * 2.0 - 1.0
+
+
 def _ring_points(size, options, data_dir):
   del data_dir
   return toy2d.gaussian_ring(size, seed=options["seed"], modes=options["modes"],
@@ -84,6 +91,10 @@ DATASETS: dict[str, Dataset] = {
     "digits": Dataset(load=_digits_train_images,
                       sample_shape=lambda size, options: (size, size, digits.IMAGE_SHAPE[-1]),
                       default_options={"num_test": 360, "split_seed": 0}),
+    # Ray-cast scenes (ground, wall, 1-4 textured objects) of `scenes`' train distribution.
+    "scenes": Dataset(load=_scene_train_images,
+                      sample_shape=lambda size, options: (size, size, 3),
+                      default_options={"num_train": 2000, "seed": 0}),
     # 2-D points of the 8-Gaussian ring; `size` is the number of training points.
     "gaussian_ring": Dataset(load=_ring_points, sample_shape=lambda size, options: (2,),
                              default_options={"seed": 0, "modes": 8, "radius": 2.0,

@@ -12,8 +12,11 @@ clean-image prediction; the caller decides which).
   (the zoo's `Attention`, non-causal), added to the input.
 * `UNet`: input conv; an encoder of residual blocks with a stride-2 conv between levels; a middle
   of residual block, optional attention, residual block; a decoder that mirrors the encoder,
-  concatenating the matching encoder activation before every block and upsampling by
-  nearest-neighbour repetition plus a conv; output GroupNorm -> SiLU -> 3x3 conv.
+  concatenating the matching encoder activation before every block, optionally with
+  self-attention after a level's blocks (`attention_levels`), and upsampling by
+  nearest-neighbour repetition plus a conv; output GroupNorm -> SiLU -> 3x3 conv. `taps` returns
+  named intermediate activations (feature guidance reads them) and `attention_override` runs a
+  self-attention layer with another image's keys and values (`AttentionOverride`).
 * `widen_input_channels`: turns a trained UNet's parameters into those of one with a multiple of
   its input channels (fine-tuning with extra conditioning channels, as Marigold does).
 
@@ -25,7 +28,7 @@ Shapes: B batch, H x W pixels, C channels; all images are NHWC.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 import chex
 from flax import nnx
@@ -91,16 +94,62 @@ class ResidualBlock(nnx.Module):
 
 
 class SpatialSelfAttention(nnx.Module):
-  """x + attention(GroupNorm(x)) with the H*W pixels of [B, H, W, C] as C-wide tokens."""
+  """x + attention(GroupNorm(x)) with the H*W pixels of [B, H, W, C] as C-wide tokens.
+
+  `attend(x, override)` also returns the layer's q, k, v ([B, H, W, C] each, heads side by
+  side) and can run with an `AttentionOverride`: replacement keys and values (attention to
+  another image's tokens, as StyleID injects a style image's), a query blended with a given one,
+  and a temperature that multiplies the logits.
+  """
 
   def __init__(self, channels: int, num_heads: int, *, groups: int, rngs: nnx.Rngs):
     self.norm = nnx.GroupNorm(channels, num_groups=groups, rngs=rngs)
     self.attention = Attention(channels, num_heads, kind="softmax", causal=False, rngs=rngs)
 
+  def attend(self, x: jax.Array, override: "AttentionOverride | None" = None
+             ) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """(output [B, H, W, C], {"q", "k", "v"} of this input, each [B, H, W, C])."""
+    batch, height, width, channels = x.shape
+    tokens = self.norm(x).reshape(batch, height * width, channels)
+    q, k, v = self.attention.heads(tokens)                      # [B, heads, HW, C / heads]
+    merge = lambda h: jnp.swapaxes(h, 1, 2).reshape(batch, height, width, channels)
+    own = {"q": merge(q), "k": merge(k), "v": merge(v)}
+    if override is None:
+      # The layer exactly as trained (bit for bit what `__call__` has always computed).
+      return x + self.attention(tokens).reshape(batch, height, width, channels), own
+    split = lambda a: self.attention._split_heads(  # pylint: disable=protected-access
+        a.reshape(batch, height * width, channels).astype(q.dtype))
+    if override.query is not None:
+      blend = jnp.asarray(override.query_blend, q.dtype)
+      q = blend * split(override.query) + (1 - blend) * q
+    if override.key is not None:
+      k = split(override.key)
+    if override.value is not None:
+      v = split(override.value)
+    head_dim = channels // self.attention.num_heads
+    logits = jnp.einsum("bhqd,bhkd->bhqk", q, k) * (override.temperature / math.sqrt(head_dim))
+    mixed = jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(logits, axis=-1), v)
+    mixed = jnp.swapaxes(mixed, 1, 2).reshape(batch, height * width, channels)
+    return x + self.attention.out(mixed).reshape(batch, height, width, channels), own
+
   def __call__(self, x: jax.Array) -> jax.Array:
     batch, height, width, channels = x.shape
     tokens = self.norm(x).reshape(batch, height * width, channels)
     return x + self.attention(tokens).reshape(batch, height, width, channels)
+
+
+class AttentionOverride(NamedTuple):
+  """How one self-attention layer runs instead of as trained (any field may be left out).
+
+  key, value: [B, H, W, C] replacement keys and values (another image's, from its taps);
+  query: [B, H, W, C] a query to blend in: q = query_blend * query + (1 - query_blend) * q_own;
+  temperature: multiplies the logits (> 1 sharpens the attention).
+  """
+  key: jax.Array | None = None
+  value: jax.Array | None = None
+  query: jax.Array | None = None
+  query_blend: float = 1.0
+  temperature: float = 1.0
 
 
 class Downsample(nnx.Module):
@@ -142,8 +191,10 @@ class UNet(nnx.Module):
   def __init__(self, *, in_channels: int, out_channels: int, base_channels: int = 32,
                channel_multipliers: Sequence[int] = (1, 2, 2), blocks_per_level: int = 1,
                attention_at_lowest: bool = True, num_heads: int = 4, groups: int = 8,
-               num_embeddings: int | None = None, rngs: nnx.Rngs):
+               num_embeddings: int | None = None, attention_levels: Sequence[int] = (),
+               rngs: nnx.Rngs):
     channel_multipliers = tuple(channel_multipliers)
+    attention_levels = tuple(sorted(set(int(level) for level in attention_levels)))
     if not channel_multipliers or min(channel_multipliers) < 1:
       raise ValueError(f"channel_multipliers must be positive and non-empty, "
                        f"got {channel_multipliers}")
@@ -158,6 +209,14 @@ class UNet(nnx.Module):
                        f"num_heads={num_heads}")
     if num_embeddings is not None and num_embeddings < 1:
       raise ValueError(f"num_embeddings must be positive or None, got {num_embeddings}")
+    for level in attention_levels:
+      if not 0 <= level < len(channel_multipliers):
+        raise ValueError(f"attention_levels has level {level}; levels are 0 .. "
+                         f"{len(channel_multipliers) - 1}")
+      if level_channels[level] % num_heads:
+        raise ValueError(f"level {level}'s {level_channels[level]} channels are not divisible "
+                         f"by num_heads={num_heads}")
+    self.attention_levels = attention_levels
 
     self.in_channels, self.out_channels = in_channels, out_channels
     self.base_channels = base_channels
@@ -208,6 +267,11 @@ class UNet(nnx.Module):
     assert not skip_channels, skip_channels
     self.decoder_blocks = nnx.List(decoder_blocks)
     self.upsamples = nnx.List(upsamples)
+    # Only built when asked for, so parameters of UNets without it keep their old layout.
+    if attention_levels:
+      self.decoder_attention = nnx.Dict({
+          str(level): SpatialSelfAttention(level_channels[level], num_heads, groups=groups,
+                                           rngs=rngs) for level in attention_levels})
 
     self.output_norm = nnx.GroupNorm(channels, num_groups=groups, rngs=rngs)
     self.output_conv = conv3x3(channels, out_channels, zero_init=True, rngs=rngs)
@@ -217,10 +281,51 @@ class UNet(nnx.Module):
     embedding = self.time_mlp(sinusoidal_embedding(t, self.base_channels))
     return add_label(embedding, self.label_embedding, label, t, "UNet")
 
-  def __call__(self, x: jax.Array, t: jax.Array, label: jax.Array | None = None) -> jax.Array:
-    """x [B, H, W, in_channels], t [B] (or a scalar, shared) -> [B, H, W, out_channels]."""
+  def tap_names(self) -> tuple[str, ...]:
+    """Every activation `__call__(..., taps=...)` can return, in computation order.
+
+    `enc<l>_<i>`: encoder block i of level l (level 0 is full resolution); `mid_q`, `mid_k`,
+    `mid_v`: the middle self-attention's queries, keys and values (with `attention_at_lowest`);
+    `mid`: the middle's output; `dec<l>_<i>`: decoder block i of level l; `dec<l>_q`, `_k`, `_v`:
+    the decoder self-attention of level l (with `attention_levels`). Each is [B, h, w, C].
+    """
+    blocks = len(self.encoder_blocks[0])
+    names = [f"enc{level}_{i}" for level in range(self.num_levels) for i in range(blocks)]
+    if self.middle_attention is not None:
+      names += ["mid_q", "mid_k", "mid_v"]
+    names.append("mid")
+    for level in reversed(range(self.num_levels)):
+      names += [f"dec{level}_{i}" for i in range(blocks + 1)]
+      if level in self.attention_levels:
+        names += [f"dec{level}_q", f"dec{level}_k", f"dec{level}_v"]
+    return tuple(names)
+
+  def attention_names(self) -> tuple[str, ...]:
+    """The self-attention layers an `attention_override` may name: `mid`, `dec<l>`."""
+    return ((("mid",) if self.middle_attention is not None else ())
+            + tuple(f"dec{level}" for level in reversed(self.attention_levels)))
+
+  def __call__(self, x: jax.Array, t: jax.Array, label: jax.Array | None = None, *,
+               taps: Sequence[str] = (),
+               attention_override: Mapping[str, AttentionOverride] | None = None):
+    """x [B, H, W, in_channels], t [B] (or a scalar, shared) -> [B, H, W, out_channels].
+
+    With `taps` (names from `tap_names`), returns (output, {name: activation}) instead; the
+    output is the same either way. `attention_override` maps attention layers (`mid`, `dec<l>`)
+    to an `AttentionOverride` under which they run.
+    """
     if x.ndim != 4 or x.shape[-1] != self.in_channels:
       raise ValueError(f"expected x of shape [B, H, W, {self.in_channels}], got {x.shape}")
+    taps = tuple(taps)
+    known = self.tap_names()
+    unknown = [name for name in taps if name not in known]
+    if unknown:
+      raise ValueError(f"unknown taps {unknown}; this UNet has {', '.join(known)}")
+    overrides = dict(attention_override or {})
+    bad = [name for name in overrides if name not in self.attention_names()]
+    if bad:
+      raise ValueError(f"attention_override names {bad}; this UNet's attention layers are "
+                       f"{', '.join(self.attention_names()) or '(none)'}")
     batch, height, width, _ = x.shape
     divisor = 2 ** (self.num_levels - 1)
     if height % divisor or width % divisor:
@@ -231,12 +336,26 @@ class UNet(nnx.Module):
       t = jnp.broadcast_to(t, (batch,))
     chex.assert_shape(t, (batch,))
     embedding = self.embed(t, label)
+    tapped: dict[str, jax.Array] = {}
+
+    def keep(name, value):
+      if name in taps:
+        tapped[name] = value
+
+    def attention(layer, name, h):
+      if name not in overrides and not any(tap.startswith(name + "_") for tap in taps):
+        return layer(h)
+      h, qkv = layer.attend(h, overrides.get(name))
+      for key, value in qkv.items():
+        keep(f"{name}_{key}", value)
+      return h
 
     h = self.input_conv(x)
     skips = [h]
     for level in range(self.num_levels):
-      for block in self.encoder_blocks[level]:
+      for i, block in enumerate(self.encoder_blocks[level]):
         h = block(h, embedding)
+        keep(f"enc{level}_{i}", h)
         skips.append(h)
       if level < self.num_levels - 1:
         h = self.downsamples[level](h)
@@ -244,15 +363,21 @@ class UNet(nnx.Module):
 
     h = self.middle_in(h, embedding)
     if self.middle_attention is not None:
-      h = self.middle_attention(h)
+      h = attention(self.middle_attention, "mid", h)
     h = self.middle_out(h, embedding)
+    keep("mid", h)
 
     for i, blocks in enumerate(self.decoder_blocks):
-      for block in blocks:
+      level = self.num_levels - 1 - i
+      for j, block in enumerate(blocks):
         h = block(jnp.concatenate([h, skips.pop()], axis=-1), embedding)
+        keep(f"dec{level}_{j}", h)
+      if level in self.attention_levels:
+        h = attention(self.decoder_attention[str(level)], f"dec{level}", h)
       if i < self.num_levels - 1:
         h = self.upsamples[i](h)
-    return self.output_conv(jax.nn.silu(self.output_norm(h)))
+    out = self.output_conv(jax.nn.silu(self.output_norm(h)))
+    return (out, tapped) if taps else out
 
 
 def add_label(embedding: jax.Array, label_embedding: nnx.Embed | None,
