@@ -52,8 +52,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       eta=1.0, style_weight=1.0, spatial_weight=1.0, sd_weight=1.0,
       style_taps=("dec1_1", "dec2_1"), spatial_taps=("dec1_q", "dec2_q"), sd_tap="mid",
       match_tap="dec1_1", pe_weight=1.0, soft_temperature=config_dict.placeholder(float),
-      # Chosen on the validation pairs (never the reported ones): eta and the PE weight.
-      eta_grid=(0.5, 1.0, 2.0, 4.0), pe_weight_grid=(0.5, 1.0, 2.0)))
+      # Chosen on the validation pairs (never the reported ones), in two stages: eta x the PE
+      # weight, then the spatial x semantic-distance weights (l_s = 1 fixes the scale).
+      eta_grid=(1.0, 2.0, 4.0), pe_weight_grid=(0.5, 1.0, 2.0),
+      spatial_weight_grid=(0.1, 0.3, 1.0), sd_weight_grid=(0.3, 1.0, 3.0)))
   # StyleID's K/V injection (the kv_injection baseline).
   c.kv_injection = ml_collections.ConfigDict(dict(query_blend=0.75, temperature=1.5,
                                                   layers=("dec1", "dec2")))
@@ -79,6 +81,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.sampler.visited = 10
     # Validation and reported pairs in batches of one shape: each sampler compiles once.
     c.data.update(dict(num_pairs=4, num_validation=4, batch_size=4))
-    c.guidance.update(dict(eta_grid=(1.0,), pe_weight_grid=(1.0,)))
+    c.guidance.update(dict(eta_grid=(1.0,), pe_weight_grid=(1.0,), spatial_weight_grid=(1.0,),
+                           sd_weight_grid=(1.0,)))
     c.train.progress = False
   return config_lib.finalize(c)

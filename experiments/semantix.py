@@ -20,6 +20,7 @@ import numpy as np
 
 from jaxlab.core import cli
 from jaxlab.core import config as config_lib
+from jaxlab.core import metrics as metrics_progress
 from jaxlab.core import results
 from jaxlab.data import scenes
 from jaxlab.diffusion import priors
@@ -99,32 +100,52 @@ def scores(outputs, pairs) -> dict[str, np.ndarray]:
                                                                pairs["context_classes"])}
 
 
-def tune(prior, run, config, validation, methods) -> dict:
-  """eta and the PE weight of `semantix` (its ablations reuse them), and eta of
-  `global_guidance`, by the lowest mean class colour error on the validation pairs (never the
-  reported ones)."""
+def tune(prior, run, config, validation, methods, progress) -> dict:
+  """The guidance settings, by the lowest mean class colour error on the validation pairs (never
+  the reported ones), in two stages for `semantix` (its ablations reuse the result): eta x PE
+  weight at l_p = l_d = 1 (l_s = 1 sets the scale: the gradient is normalised), then l_p x l_d
+  at the chosen eta and PE weight. `global_guidance` gets its own eta."""
   g = config.guidance
-  chosen, table = {}, []
   inverted = invert_pairs(prior, run, validation, config.data.batch_size, config.seed + 1)
-  grids = {"semantix": itertools.product(g.eta_grid, g.pe_weight_grid),
-           "global_guidance": ((eta, g.pe_weight) for eta in g.eta_grid)}
-  if any(m in methods for m in transfer_lib.ENERGY_METHODS if m != "global_guidance"):
-    methods = set(methods) | {"semantix"}
-  for method, grid in grids.items():
-    if method not in methods:
-      chosen[method] = {"eta": g.eta, "pe_weight": g.pe_weight}
-      continue
-    best = None
-    for eta, pe in grid:
-      weights = transfer_lib.method_weights(method, eta, g.style_weight, g.spatial_weight,
-                                            g.sd_weight, pe)
-      out = run_method(prior, run, method, weights, validation, inverted)
-      error = float(scores(out, validation)["class_colour_error"].mean())
-      table.append({"method": method, "eta": eta, "pe_weight": pe, "class_colour_error": error})
-      if best is None or error < best[0]:
-        best = (error, eta, pe)
-    chosen[method] = {"eta": best[1], "pe_weight": best[2]}
+  table = []
+
+  def error(method, eta, pe, spatial, sd):
+    weights = transfer_lib.method_weights(method, eta, g.style_weight, spatial, sd, pe)
+    out = run_method(prior, run, method, weights, validation, inverted)
+    value = float(scores(out, validation)["class_colour_error"].mean())
+    table.append({"method": method, "eta": eta, "pe_weight": pe, "spatial_weight": spatial,
+                  "sd_weight": sd, "class_colour_error": value})
+    progress.update(len(table))
+    return value
+
+  base = dict(eta=g.eta, pe_weight=g.pe_weight, spatial_weight=g.spatial_weight,
+              sd_weight=g.sd_weight)
+  chosen = {"semantix": dict(base), "global_guidance": dict(base)}
+  energy_methods = [m for m in methods if m in transfer_lib.ENERGY_METHODS]
+  if any(m != "global_guidance" for m in energy_methods):
+    s = chosen["semantix"]
+    s["eta"], s["pe_weight"] = min(
+        itertools.product(g.eta_grid, g.pe_weight_grid),
+        key=lambda c: error("semantix", c[0], c[1], s["spatial_weight"], s["sd_weight"]))
+    s["spatial_weight"], s["sd_weight"] = min(
+        itertools.product(g.spatial_weight_grid, g.sd_weight_grid),
+        key=lambda c: error("semantix", s["eta"], s["pe_weight"], c[0], c[1]))
+  if "global_guidance" in methods:
+    s = chosen["global_guidance"]
+    s["eta"] = min(g.eta_grid, key=lambda eta: error("global_guidance", eta, s["pe_weight"],
+                                                     s["spatial_weight"], s["sd_weight"]))
   return {"chosen": chosen, "grid": table}
+
+
+def tuning_runs(config, methods) -> int:
+  g = config.guidance
+  count = 0
+  if any(m in transfer_lib.ENERGY_METHODS and m != "global_guidance" for m in methods):
+    count += (len(g.eta_grid) * len(g.pe_weight_grid)
+              + len(g.spatial_weight_grid) * len(g.sd_weight_grid))
+  if "global_guidance" in methods:
+    count += len(g.eta_grid)
+  return count
 
 
 def correspondence_accuracy(prior, run, pairs, pe_weight: float, batch: int = 16) -> dict:
@@ -252,23 +273,34 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                 size=config.data.size)
   validation = scenes.semantix_pairs(config.data.num_validation, config.data.validation_seed,
                                      size=config.data.size)
-  tuned = tune(prior, run, config, validation, methods)
+  bar = metrics_progress.Progress(tuning_runs(config, methods), desc="semantix tuning",
+                                  enabled=config.train.progress, show_rate=False)
+  try:
+    tuned = tune(prior, run, config, validation, methods, bar)
+  finally:
+    bar.close()
   g = config.guidance
   tic = time.perf_counter()
   inverted = invert_pairs(prior, run, pairs, config.data.batch_size, config.seed)
   invert_s = (time.perf_counter() - tic) / len(pairs["context"])
   per_method, outputs, seconds = {}, {}, {}
-  for method in methods:
-    source = "global_guidance" if method == "global_guidance" else "semantix"
-    chosen = tuned["chosen"][source]
-    weights = transfer_lib.method_weights(method, chosen["eta"], g.style_weight,
-                                          g.spatial_weight, g.sd_weight, chosen["pe_weight"])
-    tic = time.perf_counter()
-    outputs[method] = run_method(prior, run, method, weights, pairs, inverted)
-    # Every method but AdaIN + SDEdit needs the two inversions: count them in.
-    seconds[method] = ((time.perf_counter() - tic) / len(pairs["context"])
-                       + (invert_s if method != "adain_sdedit" else 0.0))
-    per_method[method] = scores(outputs[method], pairs)
+  bar = metrics_progress.Progress(len(methods), desc="semantix methods",
+                                  enabled=config.train.progress, show_rate=False)
+  try:
+    for index, method in enumerate(methods):
+      chosen = tuned["chosen"]["global_guidance" if method == "global_guidance" else "semantix"]
+      weights = transfer_lib.method_weights(method, chosen["eta"], g.style_weight,
+                                            chosen["spatial_weight"], chosen["sd_weight"],
+                                            chosen["pe_weight"])
+      tic = time.perf_counter()
+      outputs[method] = run_method(prior, run, method, weights, pairs, inverted)
+      # Every method but AdaIN + SDEdit needs the two inversions: count them in.
+      seconds[method] = ((time.perf_counter() - tic) / len(pairs["context"])
+                         + (invert_s if method != "adain_sdedit" else 0.0))
+      per_method[method] = scores(outputs[method], pairs)
+      bar.update(index + 1, {"loss": float(per_method[method]["class_colour_error"].mean())})
+  finally:
+    bar.close()
   correspondence = correspondence_accuracy(prior, run, pairs,
                                            tuned["chosen"]["semantix"]["pe_weight"])
   metrics = {method: {name: summarise(values) for name, values in found.items()}
