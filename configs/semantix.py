@@ -70,7 +70,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # Each method compiles its own sampler: the smoke run keeps three (one of each kind).
     c.methods = "semantix,kv_injection,adain_sdedit"
     c.data.size = 16
-    c.prior.update(dict(steps=4, batch_size=4, num_steps=20))
+    # Batch 8: the prior's training batch is split over the tests' 8 simulated devices.
+    c.prior.update(dict(steps=4, batch_size=8, num_steps=20))
     # Two levels: a UNet half as deep compiles in half the time; the taps follow it.
     c.prior.architecture.update(dict(base_channels=8, groups=4, num_heads=2,
                                      channel_multipliers=(1, 2), attention_levels=(0, 1)))

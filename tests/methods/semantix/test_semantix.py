@@ -46,7 +46,7 @@ def test_identical_images_match_themselves_and_give_zero_energy_and_gradient():
   x = jax.random.uniform(jax.random.key(1), (2, 8, 8, 3), minval=-1, maxval=1)
   t = jnp.asarray([5, 5])
   taps = ("dec0_1", "dec1_1", "dec1_q", "mid")
-  features = prior.apply(prior.params, x, t, taps=taps)[1]
+  features = jax.jit(lambda y: prior.apply(prior.params, y, t, taps=taps)[1])(x)
   match = energy.correspondence(features["dec1_1"], features["dec1_1"], pe_weight=1.0)
   np.testing.assert_array_equal(jnp.argmax(match, -1), jnp.tile(jnp.arange(16), (2, 1)))
   weights = transfer.method_weights("semantix", 1.0, 1.0, 1.0, 1.0, 1.0)
@@ -55,7 +55,7 @@ def test_identical_images_match_themselves_and_give_zero_energy_and_gradient():
     out = prior.apply(prior.params, y, t, taps=taps)[1]
     return transfer._energy("semantix", SETTINGS, weights, out, features, features)
 
-  value, grad = jax.value_and_grad(total)(x)
+  value, grad = jax.jit(jax.value_and_grad(total))(x)
   assert abs(float(value)) < 1e-6
   assert float(jnp.abs(grad).max()) < 1e-5
 
@@ -68,8 +68,9 @@ def test_energy_gradient_matches_finite_differences():
   taps = ("dec0_1", "dec1_1", "dec1_q", "mid")
   get = lambda y: prior.apply(prior.params, y, t, taps=taps)[1]
   weights = transfer.method_weights("semantix", 1.0, 1.0, 1.0, 1.0, 0.5)
-  total = lambda y: transfer._energy("semantix", SETTINGS, weights, get(y), get(ctx), get(ref))
-  grad = jax.grad(total)(x)
+  total = jax.jit(
+      lambda y: transfer._energy("semantix", SETTINGS, weights, get(y), get(ctx), get(ref)))
+  grad = jax.jit(jax.grad(total))(x)
   direction = jax.random.normal(jax.random.key(5), x.shape)
   h = 1e-2
   numeric = (total(x + h * direction) - total(x - h * direction)) / (2 * h)
