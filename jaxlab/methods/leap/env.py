@@ -247,11 +247,3 @@ def rollout(spec: EnvSpec, policy, tasks: Task, key: jax.Array) -> Rollout:
 
   final, states, actions = jax.vmap(one)(tasks, keys)
   return Rollout(final=final, states=states, actions=actions, success=final.done)
-
-
-def episode_metrics(played: Rollout, spec: EnvSpec) -> dict[str, jax.Array]:
-  """Per episode: success, steps taken (the horizon for a failure), read the note."""
-  del spec
-  return {"success": played.final.done,
-          "steps": (played.actions >= 0).sum(axis=-1),
-          "read_note": played.final.note_read}

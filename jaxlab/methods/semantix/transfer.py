@@ -23,9 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
