@@ -11,6 +11,7 @@
   embeddings, not tokens, so callers can mix soft tokens (continuous features through their own
   projection) with embedded discrete ones; `embed` and `attend` give an optional token embedding
   and its tied read-out.
+* `DecoderSpec`: a checked (width, depth, heads, MLP) size that builds a `Decoder`.
 * `causal_mask`, `prefix_lm_mask`: boolean attention masks, True where a query may see a key.
 
 Dropout (rate `dropout`) acts on the two residual branches of every block when a call is given an
@@ -18,6 +19,7 @@ Dropout (rate `dropout`) acts on the two residual branches of every block when a
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import chex
@@ -280,6 +282,29 @@ class Decoder(nnx.Module):
     for block, key in zip(self.blocks, keys):
       x = block(x, positions=positions, mask=mask, rng=key)
     return self.final_norm(x)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderSpec:
+  """The size of a `Decoder` (multi-head: as many key/value heads as query heads), checked:
+  every size >= 1, and a width that splits into heads of even size (RoPE rotates pairs)."""
+  width: int = 64
+  depth: int = 2
+  num_heads: int = 4
+  mlp_dim: int = 256
+
+  def __post_init__(self):
+    for name in ("width", "depth", "num_heads", "mlp_dim"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"model.{name} must be >= 1, got {getattr(self, name)}")
+    if self.width % self.num_heads or (self.width // self.num_heads) % 2:
+      raise ValueError(f"model.width {self.width} must split into model.num_heads "
+                       f"{self.num_heads} heads of even size (RoPE)")
+
+  def build(self, vocab_size: int | None, *, rngs: nnx.Rngs, **options) -> Decoder:
+    return Decoder(vocab_size=vocab_size, width=self.width, depth=self.depth,
+                   num_heads=self.num_heads, num_kv_heads=self.num_heads,
+                   mlp_dim=self.mlp_dim, rngs=rngs, **options)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -20,29 +20,16 @@ from jaxlab.zoo import transformer
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelSpec:
-  width: int = 64
-  depth: int = 2
-  num_heads: int = 4
-  mlp_dim: int = 256
+class ModelSpec(transformer.DecoderSpec):
+  """The zoo decoder's size plus the segment table's initial scale."""
   segment_init_std: float = 0.01   # the official builder's N(0, 0.01^2)
-
-  def __post_init__(self):
-    for name in ("width", "depth", "num_heads", "mlp_dim"):
-      if getattr(self, name) < 1:
-        raise ValueError(f"model.{name} must be >= 1, got {getattr(self, name)}")
-    if self.width % self.num_heads:
-      raise ValueError(f"model.width {self.width} is not divisible by model.num_heads "
-                       f"{self.num_heads}")
 
 
 class SegmentedDecoder(nnx.Module):
   """(tokens [B, L], segments [B, L], use_segments scalar) -> logits [B, L, vocab]."""
 
   def __init__(self, spec: ModelSpec, *, rngs: nnx.Rngs):
-    self.decoder = transformer.Decoder(
-        vocab_size=len(tasks.VOCAB), width=spec.width, depth=spec.depth,
-        num_heads=spec.num_heads, num_kv_heads=spec.num_heads, mlp_dim=spec.mlp_dim, rngs=rngs)
+    self.decoder = spec.build(len(tasks.VOCAB), rngs=rngs)
     self.segment_embed = embeddings.SegmentEmbedding(tasks.NUM_SEGMENTS, spec.width,
                                                      init_std=spec.segment_init_std, rngs=rngs)
 

@@ -8,8 +8,6 @@ the actions (greedy, as the official evaluation decodes).
 """
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 
@@ -18,26 +16,12 @@ from jaxlab.zoo import functional
 from jaxlab.zoo import transformer
 
 
-@dataclasses.dataclass(frozen=True)
-class ModelSpec:
-  width: int = 64
-  depth: int = 2
-  num_heads: int = 4
-  mlp_dim: int = 256
-
-  def __post_init__(self):
-    for name in ("width", "depth", "num_heads", "mlp_dim"):
-      if getattr(self, name) < 1:
-        raise ValueError(f"model.{name} must be >= 1, got {getattr(self, name)}")
-    if self.width % self.num_heads or (self.width // self.num_heads) % 2:
-      raise ValueError(f"model.width {self.width} must split into model.num_heads "
-                       f"{self.num_heads} heads of even size (RoPE)")
+# The student's size: the zoo's checked decoder size (width, depth, heads, MLP).
+ModelSpec = transformer.DecoderSpec
 
 
 def network(spec: ModelSpec) -> functional.Functional:
-  return functional.Functional(lambda rngs: transformer.Decoder(
-      vocab_size=len(env_lib.VOCAB), width=spec.width, depth=spec.depth,
-      num_heads=spec.num_heads, num_kv_heads=spec.num_heads, mlp_dim=spec.mlp_dim, rngs=rngs))
+  return functional.Functional(lambda rngs: spec.build(len(env_lib.VOCAB), rngs=rngs))
 
 
 class Student:
