@@ -18,7 +18,8 @@ SLUGS = sorted(p.stem for p in (ROOT / "configs").glob("[!_]*.py"))
 EVALUATION_ONLY = {"enamel": "eval/efficiency", "metametrics": "eval/tau_test_gp"}
 # Experiments that finish in about a minute keep nothing to resume from; semantix trains only its
 # prior, which resumes from the prior cache (outside the workdir), and then samples.
-NOTHING_TO_RESUME = {"pico", "semantix"}
+# btbs_lns resumes by stage: labels, policies and every finished run are files in the workdir.
+NOTHING_TO_RESUME = {"pico", "semantix", "btbs_lns"}
 
 
 def checkpoint_dirs(workdir: pathlib.Path) -> list[pathlib.Path]:

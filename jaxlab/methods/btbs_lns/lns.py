@@ -235,7 +235,7 @@ def from_mps(path: str) -> instances.MIP:
       shape=(m, n)).tocsr()
   integrality = (np.asarray([int(k) for k in lp.integrality_]) > 0 if len(lp.integrality_)
                  else np.zeros(n, bool))
-  unbounded = lambda v: np.where(np.abs(v) >= highspy.kHighsInf, np.sign(v) * np.inf, v)
+  unbounded = lambda v: np.where(np.abs(v) >= highspy.kHighsInf, np.copysign(np.inf, v), v)
   sign = -1.0 if lp.sense_ == highspy.ObjSense.kMaximize else 1.0
   return instances.MIP(
       name=os.path.splitext(os.path.basename(path))[0], c=sign * np.asarray(lp.col_cost_),

@@ -1,0 +1,216 @@
+"""btbs_lns: solver interfaces, sub-MIPs against brute force, the local-branching linearisation,
+neighbourhoods, the policy's symmetries and compilation, training targets and `solve`.
+Every solver call here is limited by nodes, never by time."""
+import itertools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxlab.methods.btbs_lns import features
+from jaxlab.methods.btbs_lns import instances
+from jaxlab.methods.btbs_lns import lns
+from jaxlab.methods.btbs_lns import neighbourhood
+from jaxlab.methods.btbs_lns import policy as policy_lib
+from jaxlab.methods.btbs_lns import solvers
+from jaxlab.methods.btbs_lns import training
+
+NODES = 1000
+
+
+def small_integer_mip(seed=0, n=10, m=4, upper=5) -> instances.MIP:
+  """min c.x, A x >= b with integer 0 <= x <= upper: small enough to enumerate."""
+  rng = np.random.default_rng(seed)
+  dense = rng.integers(1, 5, (m, n)).astype(float) * (rng.random((m, n)) < 0.6)
+  dense[:, 0] = np.maximum(dense[:, 0], 1)          # every row coverable
+  b = np.floor(0.3 * dense.sum(1) * upper)
+  rows = [np.flatnonzero(r) for r in dense]
+  indptr = np.concatenate([[0], np.cumsum([len(r) for r in rows])])
+  return instances.MIP("small", rng.integers(1, 20, n).astype(float), indptr,
+                       np.concatenate(rows), np.concatenate([d[r] for d, r in zip(dense, rows)]),
+                       b, np.full(m, np.inf), np.zeros(n), np.full(n, float(upper)),
+                       np.ones(n, bool))
+
+
+def brute_force(mip: instances.MIP, lower, upper, extra=lambda x: True) -> float:
+  best = np.inf
+  ranges = [range(int(lo), int(hi) + 1) for lo, hi in zip(lower, upper)]
+  for point in itertools.product(*ranges):
+    x = np.asarray(point, float)
+    if mip.is_feasible(x) and extra(x):
+      best = min(best, mip.objective(x))
+  return best
+
+
+def test_sub_mip_with_every_bit_free_equals_brute_force():
+  mip = small_integer_mip(n=6, upper=3)
+  start = mip.col_upper.copy()
+  sub = solvers.SubMipSolver(mip)
+  bits = features.tightening.num_bits(mip.col_lower, mip.col_upper)
+  lower, upper = neighbourhood.bounds(mip, start, np.zeros_like(bits), bits)
+  np.testing.assert_array_equal(lower, mip.col_lower)
+  np.testing.assert_array_equal(upper, mip.col_upper)
+  objective, x = sub.solve(lower, upper, start, node_limit=NODES)
+  assert objective == pytest.approx(brute_force(mip, lower, upper))
+  assert mip.is_feasible(x)
+  # Then a tightened neighbourhood: the sub-MIP optimum is the box's brute-force optimum, and
+  # the persistent model restores the bounds for the next call.
+  first_bit = np.where(np.arange(6) % 2 == 0, 1, bits)
+  lower, upper = neighbourhood.bounds(mip, start, first_bit, bits)
+  objective, x = sub.solve(lower, upper, start, node_limit=NODES)
+  assert objective == pytest.approx(brute_force(mip, lower, upper))
+  assert np.all(x >= lower - 1e-9) and np.all(x <= upper + 1e-9)
+
+
+def test_local_branching_matches_enumeration():
+  mip = small_integer_mip(seed=1, n=5, upper=3)
+  incumbent = mip.col_upper.copy()
+  for kappa in (1, 3, 6):
+    objective, x = solvers.local_branching(mip, incumbent, kappa, node_limit=NODES)
+    within = lambda y: np.abs(y - incumbent).sum() <= kappa + 1e-9
+    assert objective == pytest.approx(brute_force(mip, mip.col_lower, mip.col_upper, within))
+    assert within(x) and mip.is_feasible(x)
+
+
+def test_scip_and_highs_traces_end_at_their_objective():
+  mip = instances.generate("setcover", 3, num_rows=30, num_cols=60, density=0.1)
+  for run in (solvers.solve_scip(mip, node_limit=NODES), solvers.solve_highs(mip,
+                                                                              node_limit=NODES)):
+    assert run.trace, "no incumbent was traced"
+    objectives = [z for _, z in run.trace]
+    assert objectives == sorted(objectives, reverse=True)
+    assert objectives[-1] == pytest.approx(run.objective)
+    assert mip.is_feasible(run.x)
+    assert mip.objective(run.x) == pytest.approx(run.objective)
+
+
+def test_release_respects_budget_and_modes():
+  rng = np.random.default_rng(0)
+  bits = np.asarray([1, 1, 3, 3, 0, 7])
+  scores = rng.normal(size=(6, 8))
+  for whole in (False, True):
+    first = neighbourhood.release_from_scores(scores, bits, 4, None, whole=whole)
+    freed = np.sum(bits - first)
+    assert freed >= 4 and np.all(first <= bits) and first[4] == 0 == bits[4]
+    if whole:
+      assert set(np.unique(first[first < bits])) <= {0}
+  uniform = neighbourhood.uniform_release(bits, 5, rng)
+  assert np.sum(bits - uniform) >= 5 and set(uniform[uniform < bits]) <= {0}
+  fixed_first = np.asarray([1, 0, 3, 3, 0, 7])
+  branched, extra = neighbourhood.add_branching(fixed_first, bits,
+                                                np.asarray([9, 0, 1, 5, 9, 2.0]), 2)
+  assert extra.tolist() == [True, False, False, True, False, False]
+  assert branched.tolist() == [0, 0, 3, 0, 0, 7]
+
+
+def test_first_changed_bit_neighbourhood_reaches_the_new_value():
+  rng = np.random.default_rng(1)
+  lower, upper = np.zeros(50), rng.integers(1, 100, 50).astype(float)
+  old = np.floor(rng.random(50) * (upper + 1))
+  new = np.floor(rng.random(50) * (upper + 1))
+  mip = instances.MIP("box", np.zeros(50), np.zeros(1, np.int64), np.zeros(0, np.int64),
+                      np.zeros(0), np.zeros(0), np.zeros(0), lower, upper, np.ones(50, bool))
+  static_bits = features.tightening.num_bits(lower, upper)
+  encode = lambda x: features.tightening.encode(x, lower, upper)
+  first = neighbourhood.first_changed_bit(encode(old), encode(new), static_bits)
+  low, high = neighbourhood.bounds(mip, old, first, static_bits)
+  assert np.all((low <= new) & (new <= high))
+  assert np.all((first == static_bits) == (old == new))
+
+
+def graph_of(mip, seed=0):
+  static = features.StaticFeatures.of(mip, solvers.lp_relaxation(mip), 8)
+  x = instances.known_feasible_point(mip, "intcover")
+  return features.graph_at(static, x)
+
+
+def test_policy_is_permutation_equivariant_and_padding_inert():
+  mip = instances.generate("intcover", 0, num_rows=12, num_cols=20, density=0.3)
+  graph = graph_of(mip)
+  policy, params = policy_lib.Policy.create(policy_lib.PolicySpec(width=8, num_heads=2))
+  destroy, branch = policy_lib.jitted_logits(policy, params, graph)
+  # Permuted variables and constraints.
+  rng = np.random.default_rng(0)
+  pv, pc = rng.permutation(20), rng.permutation(12)
+  inverse_v, inverse_c = np.argsort(pv), np.argsort(pc)
+  permuted = graph._replace(
+      variables=graph.variables[pv], bits=graph.bits[pv], bit_mask=graph.bit_mask[pv],
+      var_obj=graph.var_obj[pv], var_mask=graph.var_mask[pv],
+      constraints=graph.constraints[pc], con_obj=graph.con_obj[pc], con_mask=graph.con_mask[pc],
+      edge_var=inverse_v[graph.edge_var].astype(np.int32),
+      edge_con=inverse_c[graph.edge_con].astype(np.int32))
+  destroy_p, branch_p = policy_lib.jitted_logits(policy, params, permuted)
+  np.testing.assert_allclose(np.asarray(destroy_p), np.asarray(destroy)[pv], atol=1e-5)
+  np.testing.assert_allclose(np.asarray(branch_p), np.asarray(branch)[pv], atol=1e-5)
+  # Padding to a larger bucket changes no real node's output.
+  padded = features.pad(graph, (64, 32, 512))
+  destroy_pad, branch_pad = policy_lib.jitted_logits(policy, params, padded)
+  np.testing.assert_allclose(np.asarray(destroy_pad)[:20], np.asarray(destroy), atol=1e-5)
+  np.testing.assert_allclose(np.asarray(branch_pad)[:20], np.asarray(branch), atol=1e-5)
+
+
+def test_policy_compiles_once_per_bucket():
+  policy, params = policy_lib.Policy.create(policy_lib.PolicySpec(width=8, num_heads=2))
+
+  @jax.jit
+  @chex.assert_max_traces(n=1)
+  def apply(params, graph):
+    return policy_lib.jitted_logits(policy, params, graph)
+
+  for seed in (1, 2, 3):
+    mip = instances.generate("intcover", seed, num_rows=12, num_cols=20, density=0.3)
+    jax.block_until_ready(apply(params, features.pad(graph_of(mip), (32, 16, 256))))
+
+
+def test_targets_and_weighted_loss():
+  mip = instances.generate("intcover", 0, num_rows=12, num_cols=20, density=0.3)
+  static = features.StaticFeatures.of(mip, solvers.lp_relaxation(mip), 8)
+  x = instances.known_feasible_point(mip, "intcover")
+  target = static.num_bits.copy()
+  target[3] = 2
+  sample = training.Sample(static, x, target)
+  labels, mask = training.destroy_targets(sample, whole=False)
+  assert labels.sum() == 1 and labels[3, 2] == 1 and mask[3, :static.num_bits[3]].all()
+  labels, mask = training.destroy_targets(sample, whole=True)
+  assert labels.sum() == 1 and labels[3, 0] == 1 and mask[:, 1:].sum() == 0
+  first_bit = static.num_bits.copy()
+  first_bit[:2] = 0
+  labels, mask = training.branch_targets(sample, first_bit)
+  assert labels.tolist() == [float(j == 3) for j in range(20)] and not mask[:2].any()
+  logits = jnp.asarray([3.0, -3.0, 0.0])
+  loss = training.weighted_bce(logits, jnp.asarray([1.0, 0.0, 0.0]), jnp.asarray([1, 1, 0]))
+  assert float(loss) == pytest.approx(float(np.log1p(np.exp(-3.0))), rel=1e-5)
+
+
+def test_solve_from_mps_is_feasible_with_c_dot_x(tmp_path):
+  mip = instances.generate("intcover", 5, num_rows=15, num_cols=30, density=0.2)
+  path = tmp_path / "instance.mps"
+  mip.write_mps(path)
+  policy, params = policy_lib.Policy.create(policy_lib.PolicySpec(width=8, num_heads=2))
+  trained = lns.Trained(policy, {"destroy_bt": params, "branch": params,
+                                 "destroy_whole": params})
+  lns.save_trained(trained, str(tmp_path / "intcover.npz"))
+  spec = lns.LnsSpec(sub_node_limit=50, max_steps=3)
+  for method in ("btbs", "random_lns", "btbs_no_bt"):
+    objective, x, trace = lns.solve(str(path), method=method, time_limit=None,
+                                    policy="intcover", spec=spec, policy_dir=str(tmp_path))
+    assert mip.is_feasible(x), method
+    assert objective == pytest.approx(float(np.dot(mip.c, x)))
+    assert trace[-1][1] == pytest.approx(objective)
+
+
+def test_bad_inputs_fail_before_solving(tmp_path):
+  garbage = tmp_path / "garbage.mps"
+  garbage.write_text("this is not an MPS file\n")
+  with pytest.raises(ValueError, match="garbage.mps"):
+    lns.solve(str(garbage), method="random_lns", time_limit=5.0)
+  with pytest.raises(ValueError, match="does not exist"):
+    lns.solve(str(tmp_path / "missing.mps"), method="scip", time_limit=5.0)
+  with pytest.raises(ValueError, match="unknown policy family 'knapsack'"):
+    lns.solve(str(garbage), method="btbs", time_limit=5.0, policy="knapsack")
+  with pytest.raises(ValueError, match="must exceed the sub-MIP limit"):
+    lns.solve(str(garbage), method="btbs", time_limit=1.0, policy="intcover")
+  with pytest.raises(ValueError, match="unknown method"):
+    lns.solve(str(garbage), method="gurobi", time_limit=5.0)
