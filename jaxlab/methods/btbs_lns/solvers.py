@@ -243,18 +243,24 @@ class SubMipSolver:
     for variable, low, high in zip(self.variables, lower, upper):
       model.chgVarLb(variable, _finite(low))
       model.chgVarUb(variable, _finite(high))
-    if start is not None:
-      solution = model.createSol()
-      for variable, value in zip(self.variables, start):
-        model.setSolVal(solution, variable, float(value))
-      model.addSol(solution, free=True)
-    _scip_limits(model, time_limit, node_limit)
-    model.optimize()
-    if model.getNSols() == 0:
-      return None, None
-    best = model.getBestSol()
-    x = np.asarray([model.getSolVal(best, v) for v in self.variables])
-    return model.getSolObjVal(best), x
+    return _solve_from(model, self.variables, start, time_limit, node_limit)
+
+
+def _solve_from(model: pyscipopt.Model, variables: list, start: np.ndarray | None,
+                time_limit: float | None, node_limit: int | None
+                ) -> tuple[float | None, np.ndarray | None]:
+  """Hands `start` to SCIP as a solution, solves under the limits, returns (objective, x)."""
+  if start is not None:
+    solution = model.createSol()
+    for variable, value in zip(variables, start):
+      model.setSolVal(solution, variable, float(value))
+    model.addSol(solution, free=True)
+  _scip_limits(model, time_limit, node_limit)
+  model.optimize()
+  if model.getNSols() == 0:
+    return None, None
+  best = model.getBestSol()
+  return model.getSolObjVal(best), np.asarray([model.getSolVal(best, v) for v in variables])
 
 
 def local_branching(mip: instances.MIP, incumbent: np.ndarray, kappa: float, *,
@@ -279,13 +285,4 @@ def local_branching(mip: instances.MIP, incumbent: np.ndarray, kappa: float, *,
       model.addCons(distance >= value - variable)
       terms.append(distance)
   model.addCons(pyscipopt.quicksum(terms) <= float(kappa), name="local_branching")
-  solution = model.createSol()
-  for variable, value in zip(variables, incumbent):
-    model.setSolVal(solution, variable, float(value))
-  model.addSol(solution, free=True)
-  _scip_limits(model, time_limit, node_limit)
-  model.optimize()
-  if model.getNSols() == 0:
-    return None, None
-  best = model.getBestSol()
-  return model.getSolObjVal(best), np.asarray([model.getSolVal(best, v) for v in variables])
+  return _solve_from(model, variables, incumbent, time_limit, node_limit)
