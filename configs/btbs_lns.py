@@ -10,8 +10,9 @@ btbs_no_branch on 2 test instances; primal gap and primal integral per method to
 results/btbs_lns.json, the trained btbs policies to results/btbs_lns_policies/<family>.npz.
 
 Presets: smoke (tests: tiny instances, node-limited sub-MIPs, a fixed number of LNS steps, no
-clock), quick, paper (200 training / 100 test instances, larger sizes, 60 s, 600 s SCIP runs
-for the best known objective).
+clock), quick, long (about 45 minutes: the paper's sizes, 15 s runs from SCIP's root-node
+incumbent, 3 solver seeds per test instance; results/btbs_lns_long.json), paper (200 training /
+100 test instances, larger sizes, 60 s, 600 s SCIP runs for the best known objective).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ ALL_METHODS = "scip,highs,random_lns,btbs,btbs_no_bt,btbs_no_branch"
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  arg = config_lib.parse_arg(arg, default_preset="quick")
+  arg = config_lib.parse_arg(arg, presets=config_lib.ALL_PRESETS, default_preset="quick")
   preset = arg.preset
   c = config_lib.base_config(preset=preset, seed=0)
   c.families = ALL_FAMILIES
@@ -37,7 +38,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       cauctions=dict(num_items=100, num_bids=500),
       facility=dict(num_customers=40, num_facilities=40),
       intcover=dict(num_rows=500, num_cols=1000, density=0.05)))
-  c.data = ml_collections.ConfigDict(dict(train_instances=4, test_instances=2,
+  # run_seeds: runs per test instance, each with its own solver seed (and so LNS start).
+  c.data = ml_collections.ConfigDict(dict(train_instances=4, test_instances=2, run_seeds=1,
                                           train_seed=1000, test_seed=2000))
   # Wall clock per test run (one thread per solver) and the run used for the best known
   # objective (0: none; the best any method found).
@@ -46,8 +48,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.lns = ml_collections.ConfigDict(dict(destroy_rate=0.2, sub_time_limit=1.0,
                                          branch_share=0.1, start="first", start_share=0.4,
                                          sub_node_limit=0, max_steps=0))
+  # start: where the LB trajectories begin ("": where test-time LNS does, `lns.start`).
   c.labels = ml_collections.ConfigDict(dict(steps=6, kappa_rate=0.1, time_limit=1.0,
-                                            node_limit=0))
+                                            node_limit=0, start=""))
   c.policy = ml_collections.ConfigDict(dict(width=32, num_heads=4, rounds=1, max_bits=8))
   c.train.update(dict(steps=60, batch_size=4, learning_rate=1e-3))
 
@@ -62,6 +65,19 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.labels.steps = 10
     c.policy.width = 64
     c.train.update(dict(steps=2000, batch_size=8))
+  if preset == "long":
+    # The budget where LNS can compete with SCIP (README, "Long preset"): the paper's instance
+    # sizes (facility location 60x60), 15 s per run started from SCIP's root-node incumbent, and
+    # 3 solver seeds per test instance. LB from that incumbent finds nothing within its limits,
+    # so the labels come from trajectories started at SCIP's first solution.
+    c.sizes.setcover.update(dict(num_rows=1000, num_cols=2000))
+    c.sizes.cauctions.update(dict(num_items=200, num_bids=1000))
+    c.sizes.facility.update(dict(num_customers=60, num_facilities=60))
+    c.sizes.intcover.update(dict(num_rows=1000, num_cols=2000))
+    c.data.run_seeds = 3
+    c.time_limit = 15.0
+    c.lns.update(dict(start="root", start_share=0.3))
+    c.labels.start = "first"
   if preset == "smoke":
     # Two families of one size bucket: the policy compiles once (the smoke test's budget).
     c.families = "setcover,intcover"

@@ -54,6 +54,7 @@ class Settings:
   reference_time_limit: float
   train_seeds: tuple[int, ...]
   test_seeds: tuple[int, ...]
+  run_seeds: int
 
 
 def settings(config: ml_collections.ConfigDict) -> Settings:
@@ -65,6 +66,8 @@ def settings(config: ml_collections.ConfigDict) -> Settings:
                      "the learned methods need >= 1 training instance")
   config_lib.require(config.data.test_instances >= 2, "data.test_instances",
                      "the claims pair methods over test instances: need >= 2")
+  config_lib.require(config.data.run_seeds >= 1, "data.run_seeds",
+                     "each method needs >= 1 run (solver seed) per test instance")
   config_lib.require(config.data.train_seed + config.data.train_instances
                      <= config.data.test_seed, "data.test_seed",
                      "test instances must come from seeds after every training seed")
@@ -79,7 +82,8 @@ def settings(config: ml_collections.ConfigDict) -> Settings:
     label_spec = training.LabelSpec(
         steps=config.labels.steps, kappa_rate=config.labels.kappa_rate,
         time_limit=None if config.labels.node_limit else config.labels.time_limit,
-        node_limit=config.labels.node_limit or None, start=config.lns.start,
+        node_limit=config.labels.node_limit or None,
+        start=config.labels.start or config.lns.start,
         start_time_limit=config.lns.start_share * (time_limit or 10.0))
     policy_spec = policy_lib.PolicySpec(**config.policy)
     fit_spec = training.FitSpec(steps=config.train.steps, batch_size=config.train.batch_size,
@@ -98,7 +102,8 @@ def settings(config: ml_collections.ConfigDict) -> Settings:
                   labels=label_spec, policy=policy_spec, fit=fit_spec, time_limit=time_limit,
                   reference_time_limit=float(config.reference_time_limit),
                   train_seeds=tuple(range(train, train + config.data.train_instances)),
-                  test_seeds=tuple(range(test, test + config.data.test_instances)))
+                  test_seeds=tuple(range(test, test + config.data.test_instances)),
+                  run_seeds=int(config.data.run_seeds))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -193,26 +198,40 @@ def run_cached(path: str, mip: instances.MIP, run_fn) -> dict:
   return record
 
 
+def run_key(instance_seed: int, run: int) -> str:
+  """A test run's name: its instance, and its solver seed when there are several."""
+  return str(instance_seed) if run == 0 else f"{instance_seed}-seed{run}"
+
+
+def run_keys(s: Settings) -> list[tuple[int, str]]:
+  """(instance seed, run key) of every test run, instance-major."""
+  return [(t, run_key(t, r)) for t in s.test_seeds for r in range(s.run_seeds)]
+
+
 def evaluate_family(family: str, s: Settings, trained: lns.Trained | None, workdir: str,
                     seed: int, progress: bool) -> dict:
-  """{instance seed: {method: record}} for every test instance (cached per run)."""
+  """{run key: {method: record}} for every test instance and solver seed (cached per run).
+
+  Run r of an instance gives every method the same solver seed, so the methods are paired on
+  (instance, seed): the LNS methods share their starting solution."""
   out = {}
-  jobs = [(t, m) for t in s.test_seeds for m in s.methods]
+  jobs = [(t, r, m) for t in s.test_seeds for r in range(s.run_seeds) for m in s.methods]
   mips = {}
-  for instance_seed, method in metrics_lib.progress_iter(jobs, f"{family} runs",
-                                                         enabled=progress):
+  for instance_seed, run, method in metrics_lib.progress_iter(jobs, f"{family} runs",
+                                                              enabled=progress):
     if instance_seed not in mips:
       mips[instance_seed] = instances.generate(family, instance_seed, **s.sizes[family])
     mip = mips[instance_seed]
-    path = os.path.join(workdir, "runs", family, f"{instance_seed}-{method}.json")
-    out.setdefault(instance_seed, {})[method] = run_cached(
-        path, mip, lambda timing, m=method, mip=mip: lns.run(
+    key = run_key(instance_seed, run)
+    path = os.path.join(workdir, "runs", family, f"{key}-{method}.json")
+    out.setdefault(key, {})[method] = run_cached(
+        path, mip, lambda timing, m=method, mip=mip, r=run: lns.run(
             mip, m, time_limit=s.time_limit, spec=s.lns, trained=trained,
-            seed=seed + instance_seed, timing=timing))
+            seed=seed + instance_seed + 1000 * r, timing=timing))
   if s.reference_time_limit > 0:
     for instance_seed, mip in mips.items():
       path = os.path.join(workdir, "runs", family, f"{instance_seed}-reference.json")
-      out[instance_seed]["reference"] = run_cached(
+      out[str(instance_seed)]["reference"] = run_cached(
           path, mip, lambda timing, mip=mip: solvers.solve_scip(
               mip, time_limit=s.reference_time_limit, seed=seed))
   return out
@@ -228,38 +247,44 @@ def warm_up(trained: lns.Trained, family: str, s: Settings) -> None:
 
 
 def summarise_family(runs: dict, s: Settings) -> dict:
-  """metrics.<family>.<method>.{primal_gap, primal_integral, lns_steps} and scip_dual_gap."""
+  """metrics.<family>.<method>.{primal_gap, primal_integral, lns_steps} (mean, per_instance:
+  mean over the instance's seeds, per_run: instance-major) and scip_dual_gap. z* of an instance
+  is the best objective any method found on it in any run."""
   out = {}
+  keys = run_keys(s)
   best = {}
-  horizon = {}
-  for instance_seed, by_method in runs.items():
-    objectives = [r["objective"] for r in by_method.values() if r["objective"] is not None]
-    best[instance_seed] = min(objectives) if objectives else None
-    horizon[instance_seed] = s.time_limit or max(
-        [t for r in by_method.values() for t, _ in r["trace"]] + [1e-3])
+  for instance_seed, key in keys:
+    found = [r["objective"] for r in runs[key].values() if r["objective"] is not None]
+    if found:
+      best[instance_seed] = min(found + [best.get(instance_seed, np.inf)])
+  horizon = {key: s.time_limit or max([t for r in runs[key].values() for t, _ in r["trace"]]
+                                      + [1e-3]) for _, key in keys}
+  per_instance = lambda values: [float(np.mean(values[i * s.run_seeds:(i + 1) * s.run_seeds]))
+                                 for i in range(len(s.test_seeds))]
   for method in s.methods:
-    gaps, integrals, steps, feasible = [], [], [], []
-    for instance_seed in s.test_seeds:
-      record = runs[instance_seed][method]
-      gaps.append(scoring.primal_gap(record["objective"], best[instance_seed]))
-      integrals.append(scoring.primal_integral([tuple(p) for p in record["trace"]],
-                                               best[instance_seed], horizon[instance_seed]))
+    gaps, integrals, steps, feasible, shares = [], [], [], [], []
+    for instance_seed, key in keys:
+      record = runs[key][method]
+      z_star = best.get(instance_seed)
+      gaps.append(scoring.primal_gap(record["objective"], z_star))
+      integrals.append(scoring.primal_integral([tuple(p) for p in record["trace"]], z_star,
+                                               horizon[key]))
       steps.append(record["steps"])
       feasible.append(record["feasible"])
+      shares.append(record["policy_s"] / max(record["policy_s"] + record["solver_s"], 1e-9))
     out[method] = {
-        "primal_gap": {"mean": float(np.mean(gaps)), "per_instance": gaps},
-        "primal_integral": {"mean": float(np.mean(integrals)), "per_instance": integrals},
-        "lns_steps": {"mean": float(np.mean(steps)), "per_instance": steps},
-        "objective": [runs[t][method]["objective"] for t in s.test_seeds],
+        "primal_gap": {"mean": float(np.mean(gaps)), "per_instance": per_instance(gaps),
+                       "per_run": gaps},
+        "primal_integral": {"mean": float(np.mean(integrals)),
+                            "per_instance": per_instance(integrals), "per_run": integrals},
+        "lns_steps": {"mean": float(np.mean(steps)), "per_instance": per_instance(steps)},
+        "objective": [runs[key][method]["objective"] for _, key in keys],
         "all_feasible": all(f is not False for f in feasible),
-        "policy_share": float(np.mean([
-            runs[t][method]["policy_s"] / max(runs[t][method]["policy_s"]
-                                               + runs[t][method]["solver_s"], 1e-9)
-            for t in s.test_seeds]))}
+        "policy_share": float(np.mean(shares))}
   if "scip" in s.methods:
-    dual = [runs[t]["scip"]["dual_gap"] for t in s.test_seeds]
-    out["scip_dual_gap"] = {"mean": float(np.mean(dual)), "per_instance": dual}
-  out["best_objective"] = [best[t] for t in s.test_seeds]
+    dual = [runs[key]["scip"]["dual_gap"] for _, key in keys]
+    out["scip_dual_gap"] = {"mean": float(np.mean(dual)), "per_instance": per_instance(dual)}
+  out["best_objective"] = [best.get(t) for t in s.test_seeds]
   return out
 
 
@@ -268,7 +293,9 @@ def summarise_family(runs: dict, s: Settings) -> dict:
 
 
 def _gaps(metrics: dict, family: str, method: str) -> list[float]:
-  return metrics[family][method]["primal_gap"]["per_instance"]
+  """Per test run (instance x solver seed): the unit the claims pair methods on."""
+  gap = metrics[family][method]["primal_gap"]
+  return gap.get("per_run", gap["per_instance"])
 
 
 def _pooled(metrics: dict, families, ours: str, baseline: str) -> dict:
@@ -347,9 +374,9 @@ def plot(runs_by_family: dict, metrics: dict, s: Settings):
     grid = np.linspace(0, horizon, 200)
     for method in s.methods:
       curves = []
-      for index, instance_seed in enumerate(s.test_seeds):
-        best = metrics[family]["best_objective"][index]
-        trace = sorted(tuple(p) for p in runs[instance_seed][method]["trace"])
+      for instance_seed, key in run_keys(s):
+        best = metrics[family]["best_objective"][s.test_seeds.index(instance_seed)]
+        trace = sorted(tuple(p) for p in runs[key][method]["trace"])
         curve = np.ones_like(grid)
         for time_point, objective in trace:
           curve[grid >= time_point] = scoring.primal_gap(objective, best)
@@ -359,7 +386,7 @@ def plot(runs_by_family: dict, metrics: dict, s: Settings):
     axis.set_yscale("symlog", linthresh=1e-3)
     axis.set_title(family)
     axis.set_xlabel("seconds")
-  axes[0][0].set_ylabel("primal gap (mean over test instances)")
+  axes[0][0].set_ylabel("primal gap (mean over test runs)")
   axes[0][-1].legend(fontsize=7)
   figure.tight_layout()
   return figure
@@ -383,11 +410,14 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
     metrics[family] = summarise_family(runs_by_family[family], s)
   metrics["settings"] = {"time_limit": s.time_limit, "sizes": s.sizes,
                          "train_instances": len(s.train_seeds),
-                         "test_instances": len(s.test_seeds),
+                         "test_instances": len(s.test_seeds), "run_seeds": s.run_seeds,
+                         "label_start": s.labels.start,
                          "lns": dataclasses.asdict(s.lns)}
   claims = claims_of(metrics, s)
   results.save_figure(plot(runs_by_family, metrics, s), workdir, "primal_gap.png", SLUG, config)
-  if learned and config.preset in config_lib.PUBLISHED_PRESETS and not results._publish_blocked_by:  # pylint: disable=protected-access
+  # The quick preset's policies are the public ones (`solve(policy=...)`): the long preset's, trained
+  # on larger instances, stay in its workdir.
+  if learned and config.preset == "quick" and not results._publish_blocked_by:  # pylint: disable=protected-access
     target = os.path.join(results.RESULTS_DIR, "btbs_lns_policies")
     os.makedirs(target, exist_ok=True)
     for family in s.families:

@@ -22,6 +22,7 @@ import chex
 from flax import nnx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def segment_softmax(logits: jax.Array, segment_ids: jax.Array, num_segments: int,
@@ -66,12 +67,18 @@ class EdgeAttention(nnx.Module):
     chex.assert_shape(edges, (None, self.edge_dim))
     chex.assert_equal_shape([senders, receivers])
     num_receivers = receivers_x.shape[0]
-    heads, head_dim = self.num_heads, self.width // self.num_heads
-    split = lambda a: a.reshape(a.shape[0], heads, head_dim)
-    query = split(self.query(receivers_x))[receivers]                     # [E, H, Dh]
-    key = split(self.key(senders_x)[senders] + self.edge_key(edges))
-    value = split(self.value(senders_x)[senders] + self.edge_value(edges))
-    logits = jnp.sum(query * key, axis=-1) / math.sqrt(head_dim)          # [E, H]
+    head_dim = self.width // self.num_heads
+    # Flat [E, width] edges, per-head sums as a matmul with a 0/1 [width, heads] matrix and the
+    # weights broadcast by `repeat`: XLA on CPU fuses a reduction over a short minor axis with
+    # the gathers that feed it into a loop ~5x slower, and a matmul with 4 inner terms is as
+    # slow (measured on 131k edges, width 32, 4 heads: 57 -> 14 ms a forward pass).
+    heads = jnp.asarray(np.repeat(np.eye(self.num_heads), head_dim, axis=0),
+                        receivers_x.dtype)                                 # [W, H]
+    query = self.query(receivers_x)[receivers]                            # [E, W]
+    key = self.key(senders_x)[senders] + self.edge_key(edges)
+    value = self.value(senders_x)[senders] + self.edge_value(edges)
+    logits = ((query * key) @ heads) / math.sqrt(head_dim)                # [E, H]
     weights = segment_softmax(logits, receivers, num_receivers, edge_mask)
-    mixed = jax.ops.segment_sum(weights[..., None] * value, receivers, num_receivers)
-    return self.out(mixed.reshape(num_receivers, self.width))
+    mixed = jax.ops.segment_sum(jnp.repeat(weights, head_dim, axis=1) * value, receivers,
+                                num_receivers)
+    return self.out(mixed)

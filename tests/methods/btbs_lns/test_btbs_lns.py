@@ -214,3 +214,26 @@ def test_bad_inputs_fail_before_solving(tmp_path):
     lns.solve(str(garbage), method="btbs", time_limit=1.0, policy="intcover")
   with pytest.raises(ValueError, match="unknown method"):
     lns.solve(str(garbage), method="gurobi", time_limit=5.0)
+
+
+def test_summary_pairs_methods_per_seeded_run_and_takes_z_star_over_all_runs():
+  from experiments import btbs_lns as experiment   # pylint: disable=g-import-not-at-top
+  from jaxlab.core import config as config_lib      # pylint: disable=g-import-not-at-top
+  config = config_lib.load_config("configs/btbs_lns.py", "smoke")
+  s = experiment.settings(config_lib.override(config, {"data.run_seeds": 2,
+                                                       "methods": "scip,random_lns"}))
+  assert experiment.run_keys(s) == [(2000, "2000"), (2000, "2000-seed1"), (2001, "2001"),
+                                    (2001, "2001-seed1")]
+  record = lambda objective: {"objective": objective, "trace": [(0.5, objective)], "steps": 1,
+                              "feasible": True, "policy_s": 0.0, "solver_s": 1.0,
+                              "dual_gap": 0.0}
+  objectives = {"2000": (10.0, 12.0), "2000-seed1": (11.0, 9.0), "2001": (5.0, 5.0),
+                "2001-seed1": (5.0, 4.0)}
+  runs = {key: {"scip": record(a), "random_lns": record(b)} for key, (a, b) in objectives.items()}
+  summary = experiment.summarise_family(runs, s)
+  assert summary["best_objective"] == [9.0, 4.0]          # over methods and seeds
+  gaps = summary["random_lns"]["primal_gap"]
+  np.testing.assert_allclose(gaps["per_run"], [0.25, 0.0, 0.2, 0.0])
+  np.testing.assert_allclose(gaps["per_instance"], [0.125, 0.1])
+  with pytest.raises(config_lib.ConfigError, match="data.run_seeds"):
+    experiment.settings(config_lib.override(config, {"data.run_seeds": 0}))
