@@ -30,6 +30,9 @@ def trained_or_fresh(family: str, spec: policy_lib.PolicySpec) -> tuple[lns.Trai
   if os.path.exists(path):
     trained = lns.load_trained(path)
     if trained.policy.spec == spec:
+      # The published files hold btbs's networks only; btbs_no_bt's destroy network has the
+      # same structure, so btbs's times it.
+      trained.params.setdefault("destroy_whole", trained.params["destroy_bt"])
       return trained, "trained"
   policy, params = policy_lib.Policy.create(spec)
   return lns.Trained(policy, {"destroy_bt": params, "branch": params,
