@@ -10,9 +10,10 @@ btbs_no_branch on 2 test instances; primal gap and primal integral per method to
 results/btbs_lns.json, the trained btbs policies to results/btbs_lns_policies/<family>.npz.
 
 Presets: smoke (tests: tiny instances, node-limited sub-MIPs, a fixed number of LNS steps, no
-clock), quick, long (about 45 minutes: the paper's sizes, 15 s runs from SCIP's root-node
+clock), quick, long (about 40 minutes: the paper's sizes, 15 s runs from SCIP's root-node
 incumbent, 3 solver seeds per test instance; results/btbs_lns_long.json), paper (200 training /
-100 test instances, larger sizes, 60 s, 600 s SCIP runs for the best known objective).
+100 test instances, larger sizes, 60 s, 600 s SCIP runs for the best known objective,
+REINFORCE fine-tuning after imitation).
 """
 from __future__ import annotations
 
@@ -53,6 +54,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                                             node_limit=0, start=""))
   c.policy = ml_collections.ConfigDict(dict(width=32, num_heads=4, rounds=1, max_bits=8))
   c.train.update(dict(steps=60, batch_size=4, learning_rate=1e-3))
+  # REINFORCE fine-tuning of the destroy networks after imitation (episodes of LNS steps on the
+  # training instances; 0: none). Only the paper preset can afford it.
+  c.reinforce = ml_collections.ConfigDict(dict(iterations=0, episode_steps=8,
+                                               learning_rate=1e-4))
 
   if preset == "paper":
     c.sizes.setcover.update(dict(num_rows=1000, num_cols=2000))
@@ -65,6 +70,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.labels.steps = 10
     c.policy.width = 64
     c.train.update(dict(steps=2000, batch_size=8))
+    c.reinforce.update(dict(iterations=400, episode_steps=10))
   if preset == "long":
     # The budget where LNS can compete with SCIP (README, "Long preset"): the paper's instance
     # sizes (facility location 60x60), 15 s per run started from SCIP's root-node incumbent, and
@@ -91,4 +97,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.labels.update(dict(steps=2, node_limit=20, kappa_rate=0.2))
     c.policy.update(dict(width=8, num_heads=2))
     c.train.update(dict(steps=2, batch_size=2, progress=False))
+    c.reinforce.update(dict(iterations=1, episode_steps=2))
   return config_lib.finalize(c)

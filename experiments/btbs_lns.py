@@ -4,8 +4,9 @@ SCIP, HiGHS and random LNS, with the claims.
   python -m experiments.btbs_lns --config=configs/btbs_lns.py:quick
 
 Per family: local-branching labels on the training instances, three networks trained by
-imitation (destroy on bits, destroy on whole variables, branching), then every method on every
-test instance under the same wall clock. Stages are cached in the workdir (`labels/`,
+imitation (destroy on bits, destroy on whole variables, branching), optionally REINFORCE on the
+two destroy networks (`reinforce.iterations`), then every method on every test instance and
+solver seed (`data.run_seeds`) under the same wall clock. Stages are cached in the workdir (`labels/`,
 `policies/`, `runs/`), so a rerun resumes after the last finished stage. Writes
 `<workdir>/results.json` (quick: also `results/btbs_lns.json`, the btbs policies in
 `results/btbs_lns_policies/` and a figure of the primal gap over time).
@@ -31,6 +32,7 @@ from jaxlab.methods.btbs_lns import instances
 from jaxlab.methods.btbs_lns import lns
 from jaxlab.methods.btbs_lns import neighbourhood
 from jaxlab.methods.btbs_lns import policy as policy_lib
+from jaxlab.methods.btbs_lns import reinforce
 from jaxlab.methods.btbs_lns import scoring
 from jaxlab.methods.btbs_lns import solvers
 from jaxlab.methods.btbs_lns import training
@@ -50,6 +52,7 @@ class Settings:
   labels: training.LabelSpec
   policy: policy_lib.PolicySpec
   fit: training.FitSpec
+  reinforce: reinforce.ReinforceSpec
   time_limit: float | None
   reference_time_limit: float
   train_seeds: tuple[int, ...]
@@ -88,6 +91,11 @@ def settings(config: ml_collections.ConfigDict) -> Settings:
     policy_spec = policy_lib.PolicySpec(**config.policy)
     fit_spec = training.FitSpec(steps=config.train.steps, batch_size=config.train.batch_size,
                                 learning_rate=config.train.learning_rate)
+    reinforce_spec = reinforce.ReinforceSpec(
+        iterations=config.reinforce.iterations, episode_steps=config.reinforce.episode_steps,
+        learning_rate=config.reinforce.learning_rate,
+        sub_time_limit=None if lns_spec.sub_node_limit else lns_spec.sub_time_limit,
+        sub_node_limit=lns_spec.sub_node_limit)
   except ValueError as e:
     raise config_lib.ConfigError(str(e)) from None
   sizes = {family: dict(config.sizes[family]) for family in families}
@@ -99,7 +107,8 @@ def settings(config: ml_collections.ConfigDict) -> Settings:
   train = config.data.train_seed
   test = config.data.test_seed
   return Settings(families=tuple(families), methods=tuple(methods), sizes=sizes, lns=lns_spec,
-                  labels=label_spec, policy=policy_spec, fit=fit_spec, time_limit=time_limit,
+                  labels=label_spec, policy=policy_spec, fit=fit_spec,
+                  reinforce=reinforce_spec, time_limit=time_limit,
                   reference_time_limit=float(config.reference_time_limit),
                   train_seeds=tuple(range(train, train + config.data.train_instances)),
                   test_seeds=tuple(range(test, test + config.data.test_instances)),
@@ -169,10 +178,34 @@ def train_family(family: str, s: Settings, workdir: str, seed: int, progress: bo
           "label_s": label_s, "fit_s": time.perf_counter() - tic,
           "loss_first": {k: v[0] for k, v in losses.items()},
           "loss_last": {k: v[-1] for k, v in losses.items()}, "bucket": list(bucket)}
+  if s.reinforce.iterations:
+    info["reinforce"] = fine_tune_destroy(family, s, trained, bucket, seed, progress)
   lns.save_trained(trained, policy_path)
   with open(info_path, "w", encoding="utf-8") as f:
     json.dump(info, f)
   return trained, info
+
+
+def fine_tune_destroy(family: str, s: Settings, trained: lns.Trained, bucket, seed: int,
+                      progress: bool) -> dict:
+  """REINFORCE on both destroy networks (so the ablation without binarized tightening changes
+  one thing only), in place; the mean episode reward of the first and last tenth."""
+  tic = time.perf_counter()
+  mips = [instances.generate(family, t, **s.sizes[family]) for t in s.train_seeds]
+  statics = [features.StaticFeatures.of(mip, solvers.lp_relaxation(mip), s.policy.max_bits)
+             for mip in mips]
+  info = {}
+  for key, whole in (("destroy_bt", False), ("destroy_whole", True)):
+    trained.params[key], rewards = reinforce.fine_tune(
+        mips, statics, trained.policy, trained.params[key], bucket, s.reinforce,
+        destroy_rate=s.lns.destroy_rate, whole=whole, start=s.labels.start,
+        start_time_limit=s.labels.start_time_limit, seed=seed, progress=progress,
+        desc=f"{family} reinforce ({key})")
+    tenth = max(1, len(rewards) // 10)
+    info[key] = {"reward_first": float(np.mean(rewards[:tenth])),
+                 "reward_last": float(np.mean(rewards[-tenth:]))}
+  info["s"] = time.perf_counter() - tic
+  return info
 
 
 # ---------------------------------------------------------------------------------------------

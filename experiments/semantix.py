@@ -6,10 +6,17 @@ Loads (or trains once, cached) the scenes prior, chooses the guidance strength a
 weight on validation pairs of another seed, runs every method on the reported pairs with the
 same keys, and writes `<workdir>/results.json` (for the quick preset also
 `results/semantix.json`) and a grid of context, reference, ideal and every method's output.
+
+Resumable: the tuning table and every method's outputs are kept under
+`<workdir>/stages/<config hash>/`, so a rerun with the same config skips what an interrupted run
+finished (the prior is cached outside the workdir).
 """
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
+import os
 import time
 
 from flax import nnx
@@ -135,6 +142,44 @@ def tune(prior, run, config, validation, methods, progress) -> dict:
     s["eta"] = min(g.eta_grid, key=lambda eta: error("global_guidance", eta, s["pe_weight"],
                                                      s["spatial_weight"], s["sd_weight"]))
   return {"chosen": chosen, "grid": table}
+
+
+def stage_dir(config: ml_collections.ConfigDict, workdir: str) -> str:
+  """Where this config's finished stages live: a changed config never reuses another's."""
+  values = {k: v for k, v in config_lib.flatten(config.to_dict()).items()
+            if k != "train.progress"}
+  digest = hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()
+  return os.path.join(workdir, "stages", digest[:12])
+
+
+def write_stage(path: str, write) -> None:
+  """`write(tmp)` then an atomic rename, by process 0 only: a killed run leaves no half file."""
+  if jax.process_index() != 0:
+    return
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  tmp = path + ".tmp"
+  write(tmp)
+  os.replace(tmp, path)
+
+
+def save_arrays(path: str, **arrays) -> None:
+  with open(path, "wb") as f:   # a file object: np.savez would append ".npz" to a name
+    np.savez(f, **arrays)
+
+
+def tuned_once(prior, run, config, validation, methods, stages: str) -> dict:
+  path = os.path.join(stages, "tuning.json")
+  if os.path.exists(path):
+    with open(path, encoding="utf-8") as f:
+      return json.load(f)
+  bar = metrics_progress.Progress(tuning_runs(config, methods), desc="semantix tuning",
+                                  enabled=config.train.progress, show_rate=False)
+  try:
+    tuned = tune(prior, run, config, validation, methods, bar)
+  finally:
+    bar.close()
+  write_stage(path, lambda tmp: metrics_progress.write_json(tmp, tuned))
+  return tuned
 
 
 def tuning_runs(config, methods) -> int:
@@ -273,16 +318,20 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                 size=config.data.size)
   validation = scenes.semantix_pairs(config.data.num_validation, config.data.validation_seed,
                                      size=config.data.size)
-  bar = metrics_progress.Progress(tuning_runs(config, methods), desc="semantix tuning",
-                                  enabled=config.train.progress, show_rate=False)
-  try:
-    tuned = tune(prior, run, config, validation, methods, bar)
-  finally:
-    bar.close()
+  stages = stage_dir(config, workdir)
+  tuned = tuned_once(prior, run, config, validation, methods, stages)
   g = config.guidance
-  tic = time.perf_counter()
-  inverted = invert_pairs(prior, run, pairs, config.data.batch_size, config.seed)
-  invert_s = (time.perf_counter() - tic) / len(pairs["context"])
+  inversions = {}
+
+  def inverted_pairs():
+    """The reported pairs' inversions, computed when the first unfinished method needs them."""
+    if not inversions:
+      tic = time.perf_counter()
+      inversions["batches"] = invert_pairs(prior, run, pairs, config.data.batch_size,
+                                           config.seed)
+      inversions["s_per_pair"] = (time.perf_counter() - tic) / len(pairs["context"])
+    return inversions["batches"]
+
   per_method, outputs, seconds = {}, {}, {}
   bar = metrics_progress.Progress(len(methods), desc="semantix methods",
                                   enabled=config.train.progress, show_rate=False)
@@ -292,11 +341,19 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
       weights = transfer_lib.method_weights(method, chosen["eta"], g.style_weight,
                                             chosen["spatial_weight"], chosen["sd_weight"],
                                             chosen["pe_weight"])
-      tic = time.perf_counter()
-      outputs[method] = run_method(prior, run, method, weights, pairs, inverted)
-      # Every method but AdaIN + SDEdit needs the two inversions: count them in.
-      seconds[method] = ((time.perf_counter() - tic) / len(pairs["context"])
-                         + (invert_s if method != "adain_sdedit" else 0.0))
+      path = os.path.join(stages, f"{method}.npz")
+      if os.path.exists(path):
+        with np.load(path) as saved:
+          outputs[method], seconds[method] = saved["outputs"], float(saved["s_per_pair"])
+      else:
+        inverted = inverted_pairs()
+        tic = time.perf_counter()
+        outputs[method] = run_method(prior, run, method, weights, pairs, inverted)
+        # Every method but AdaIN + SDEdit needs the two inversions: count them in.
+        seconds[method] = ((time.perf_counter() - tic) / len(pairs["context"])
+                           + (inversions["s_per_pair"] if method != "adain_sdedit" else 0.0))
+        write_stage(path, lambda tmp, m=method: save_arrays(tmp, outputs=outputs[m],
+                                                            s_per_pair=seconds[m]))
       per_method[method] = scores(outputs[method], pairs)
       bar.update(index + 1, {"loss": float(per_method[method]["class_colour_error"].mean())})
   finally:

@@ -16,8 +16,9 @@ SLUGS = sorted(p.stem for p in (ROOT / "configs").glob("[!_]*.py"))
 # Experiments that train nothing (a benchmark harness) keep no orbax checkpoint: they resume unit
 # by unit (`train.steps` units), logging each finished unit to a metrics.jsonl under this name.
 EVALUATION_ONLY = {"enamel": "eval/efficiency", "metametrics": "eval/tau_test_gp"}
-# Experiments that finish in about a minute keep nothing to resume from; semantix trains only its
-# prior, which resumes from the prior cache (outside the workdir), and then samples.
+# Experiments that finish in about a minute keep nothing to resume from; semantix keeps no orbax
+# checkpoint: its prior resumes from the prior cache (outside the workdir), its tuning and each
+# method's outputs from stage files (tested in tests/methods/semantix).
 # btbs_lns resumes by stage: labels, policies and every finished run are files in the workdir.
 NOTHING_TO_RESUME = {"pico", "semantix", "btbs_lns"}
 

@@ -1,4 +1,5 @@
-"""Imitation of local branching (a deviation: the paper trains the destroy policy by RL).
+"""Imitation of local branching (a deviation: the paper trains the destroy policy by RL; our
+REINFORCE fine-tuning, `reinforce`, can follow it).
 
 Labels (`collect`): from SCIP's starting solution (as LNS starts) on a training instance, repeatedly solve the
 local-branching MIP (sum_j |x_j - x_j^t| <= kappa, kappa = `kappa_rate` x the integer
@@ -159,7 +160,7 @@ def weighted_bce(logits: jax.Array, labels: jax.Array, mask: jax.Array) -> jax.A
 
 
 @functools.lru_cache(maxsize=None)
-def _adam(learning_rate: float) -> optax.GradientTransformation:
+def adam_for(learning_rate: float) -> optax.GradientTransformation:
   """One optimizer object per rate, so the compiled step is reused across fits."""
   return optax.adam(learning_rate)
 
@@ -185,7 +186,7 @@ def fit(policy: policy_lib.Policy, params, dataset, head: str, spec: FitSpec, *,
   size = labels.shape[0]
   if size == 0:
     raise ValueError("no labelled states to train on (every LB step failed to improve)")
-  optimizer = _adam(float(spec.learning_rate))
+  optimizer = adam_for(float(spec.learning_rate))
   opt_state = optimizer.init(params)
   rng = np.random.default_rng(seed)
   losses = []

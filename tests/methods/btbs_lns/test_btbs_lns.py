@@ -7,6 +7,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from jaxlab.methods.btbs_lns import features
@@ -14,6 +15,7 @@ from jaxlab.methods.btbs_lns import instances
 from jaxlab.methods.btbs_lns import lns
 from jaxlab.methods.btbs_lns import neighbourhood
 from jaxlab.methods.btbs_lns import policy as policy_lib
+from jaxlab.methods.btbs_lns import reinforce
 from jaxlab.methods.btbs_lns import solvers
 from jaxlab.methods.btbs_lns import training
 
@@ -237,3 +239,44 @@ def test_summary_pairs_methods_per_seeded_run_and_takes_z_star_over_all_runs():
   np.testing.assert_allclose(gaps["per_instance"], [0.125, 0.1])
   with pytest.raises(config_lib.ConfigError, match="data.run_seeds"):
     experiment.settings(config_lib.override(config, {"data.run_seeds": 0}))
+
+
+def test_reinforce_events_episode_and_update_direction():
+  events, mask = reinforce.action_events(np.array([1, 3, 0]), np.array([3, 3, 0]), 4,
+                                         whole=False)
+  np.testing.assert_array_equal(events, [[0, 1, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]])
+  np.testing.assert_array_equal(mask, [[1, 1, 1, 0], [1, 1, 1, 0], [0, 0, 0, 0]])
+  events, mask = reinforce.action_events(np.array([0, 3]), np.array([3, 3]), 4, whole=True)
+  np.testing.assert_array_equal(events[:, 0], [1, 0])
+  assert mask.sum() == 2 and mask[:, 0].all()
+
+  mip = small_integer_mip(seed=3, n=10, m=4, upper=7)
+  static = features.StaticFeatures.of(mip, solvers.lp_relaxation(mip), 4)
+  policy, params = policy_lib.Policy.create(policy_lib.PolicySpec(width=8, num_heads=2,
+                                                                  max_bits=4))
+  bucket = features.bucket_of(features.graph_at(static, mip.col_upper))
+  spec = reinforce.ReinforceSpec(iterations=1, episode_steps=3, sub_time_limit=None,
+                                 sub_node_limit=NODES)
+  transitions = reinforce.episode(mip, static, policy, params, bucket, destroy_rate=0.3,
+                                  whole=False, spec=spec, start="first", start_time_limit=5.0,
+                                  rng=np.random.default_rng(0), seed=0)
+  assert len(transitions) == 3 and all(t.reward >= 0 for t in transitions)
+  assert all(np.all(t.events <= t.mask) and t.events.sum() >= 1 for t in transitions)
+
+  # Probability moves from the unrewarded step's neighbourhood to the rewarded one's.
+  rewarded, plain = transitions[0], transitions[1]
+  rewarded.reward, plain.reward = 1.0, 0.0
+  if np.array_equal(rewarded.events, plain.events):
+    plain.events = np.roll(plain.events, 1, axis=0) * plain.mask
+  log_prob = lambda p, t: -float(jnp.sum(optax.sigmoid_binary_cross_entropy(
+      policy_lib.jitted_logits(policy, p, t.graph)[0], t.events) * t.mask))
+  before = (log_prob(params, rewarded), log_prob(params, plain))
+  optimizer = optax.adam(1e-2)
+  state, opt_state = params, optimizer.init(params)
+  for _ in range(5):
+    state, opt_state, mean_reward = reinforce.update(policy, optimizer, state, opt_state,
+                                                     [rewarded, plain])
+  assert mean_reward == 0.5
+  assert (log_prob(state, rewarded) - log_prob(state, plain)) > (before[0] - before[1]) + 0.5
+  with pytest.raises(ValueError, match="episode_steps"):
+    reinforce.ReinforceSpec(episode_steps=1)
