@@ -122,14 +122,11 @@ def settings(config: ml_collections.ConfigDict) -> Settings:
 def neighbourhoods_of(trained: lns.Trained, samples, bucket, spec: lns.LnsSpec, seed: int):
   """The bt destroy policy's sampled neighbourhood at every labelled state."""
   rng = np.random.default_rng(seed)
-  out = []
-  for sample in samples:
-    graph = features.pad(features.graph_at(sample.static, sample.x), bucket)
-    destroy, _ = jax.device_get(policy_lib.jitted_logits(trained.policy,
-                                                         trained.params["destroy_bt"], graph))
-    budget = neighbourhood.budget_of(sample.static.num_bits, spec.destroy_rate)
-    out.append(neighbourhood.release_from_scores(destroy, sample.static.num_bits, budget, rng))
-  return out
+  return [lns.sample_release(trained.policy, trained.params["destroy_bt"], sample.static,
+                             sample.x, bucket,
+                             neighbourhood.budget_of(sample.static.num_bits, spec.destroy_rate),
+                             rng)[0]
+          for sample in samples]
 
 
 def train_family(family: str, s: Settings, workdir: str, seed: int, progress: bool
@@ -236,6 +233,11 @@ def run_key(instance_seed: int, run: int) -> str:
   return str(instance_seed) if run == 0 else f"{instance_seed}-seed{run}"
 
 
+def solver_seed(seed: int, instance_seed: int, run: int) -> int:
+  """The seed every method gets in run `run` of an instance."""
+  return seed + instance_seed + 1000 * run
+
+
 def run_keys(s: Settings) -> list[tuple[int, str]]:
   """(instance seed, run key) of every test run, instance-major."""
   return [(t, run_key(t, r)) for t in s.test_seeds for r in range(s.run_seeds)]
@@ -260,7 +262,7 @@ def evaluate_family(family: str, s: Settings, trained: lns.Trained | None, workd
     out.setdefault(key, {})[method] = run_cached(
         path, mip, lambda timing, m=method, mip=mip, r=run: lns.run(
             mip, m, time_limit=s.time_limit, spec=s.lns, trained=trained,
-            seed=seed + instance_seed + 1000 * r, timing=timing))
+            seed=solver_seed(seed, instance_seed, r), timing=timing))
   if s.reference_time_limit > 0:
     for instance_seed, mip in mips.items():
       path = os.path.join(workdir, "runs", family, f"{instance_seed}-reference.json")
@@ -327,8 +329,7 @@ def summarise_family(runs: dict, s: Settings) -> dict:
 
 def _gaps(metrics: dict, family: str, method: str) -> list[float]:
   """Per test run (instance x solver seed): the unit the claims pair methods on."""
-  gap = metrics[family][method]["primal_gap"]
-  return gap.get("per_run", gap["per_instance"])
+  return metrics[family][method]["primal_gap"]["per_run"]
 
 
 def _pooled(metrics: dict, families, ours: str, baseline: str) -> dict:
@@ -465,7 +466,9 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
         paper=PAPER_HEADLINE)
   return results.write_results(workdir, slug=SLUG, config=config, metrics=metrics,
                                claims=claims, headline_metric=headline,
-                               wall_s=time.perf_counter() - start, seeds=list(s.test_seeds))
+                               wall_s=time.perf_counter() - start,
+                               seeds=[solver_seed(config.seed, t, r) for t in s.test_seeds
+                                      for r in range(s.run_seeds)])
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ finished (the prior is cached outside the workdir).
 """
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import os
@@ -146,25 +145,17 @@ def tune(prior, run, config, validation, methods, progress) -> dict:
 
 def stage_dir(config: ml_collections.ConfigDict, workdir: str) -> str:
   """Where this config's finished stages live: a changed config never reuses another's."""
-  values = {k: v for k, v in config_lib.flatten(config.to_dict()).items()
-            if k != "train.progress"}
-  digest = hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()
-  return os.path.join(workdir, "stages", digest[:12])
-
-
-def write_stage(path: str, write) -> None:
-  """`write(tmp)` then an atomic rename, by process 0 only: a killed run leaves no half file."""
-  if jax.process_index() != 0:
-    return
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  tmp = path + ".tmp"
-  write(tmp)
-  os.replace(tmp, path)
+  return os.path.join(workdir, "stages", config_lib.fingerprint(config))
 
 
 def save_arrays(path: str, **arrays) -> None:
-  with open(path, "wb") as f:   # a file object: np.savez would append ".npz" to a name
+  """An .npz on process 0, through a rename (as `write_json`): a killed run leaves no half file."""
+  if jax.process_index() != 0:
+    return
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path + ".tmp", "wb") as f:   # a file object: np.savez would append ".npz" to a name
     np.savez(f, **arrays)
+  os.replace(path + ".tmp", path)
 
 
 def tuned_once(prior, run, config, validation, methods, stages: str) -> dict:
@@ -178,7 +169,7 @@ def tuned_once(prior, run, config, validation, methods, stages: str) -> dict:
     tuned = tune(prior, run, config, validation, methods, bar)
   finally:
     bar.close()
-  write_stage(path, lambda tmp: metrics_progress.write_json(tmp, tuned))
+  metrics_progress.write_json(path, tuned)
   return tuned
 
 
@@ -352,8 +343,7 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
         # Every method but AdaIN + SDEdit needs the two inversions: count them in.
         seconds[method] = ((time.perf_counter() - tic) / len(pairs["context"])
                            + (inversions["s_per_pair"] if method != "adain_sdedit" else 0.0))
-        write_stage(path, lambda tmp, m=method: save_arrays(tmp, outputs=outputs[m],
-                                                            s_per_pair=seconds[m]))
+        save_arrays(path, outputs=outputs[method], s_per_pair=seconds[method])
       per_method[method] = scores(outputs[method], pairs)
       bar.update(index + 1, {"loss": float(per_method[method]["class_colour_error"].mean())})
   finally:

@@ -12,7 +12,9 @@ from __future__ import annotations
 import ast
 import dataclasses
 import difflib
+import hashlib
 import importlib.util
+import json
 import os
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -275,6 +277,15 @@ def load_config(path: str | os.PathLike, arg: str | None = None) -> ml_collectio
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module.get_config(arg)
+
+
+def fingerprint(c: ml_collections.ConfigDict, ignore: Sequence[str] = ("train.progress",)
+                ) -> str:
+  """A short hash of every value but `ignore`d keys: names a config's resumable stages, so a
+  changed config never reuses another's."""
+  values = {k: v for k, v in flatten(c.to_dict()).items() if k not in ignore}
+  text = json.dumps(values, sort_keys=True, default=str)
+  return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def flatten(nested: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

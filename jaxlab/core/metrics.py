@@ -74,13 +74,16 @@ class MetricWriter:
 
 
 def write_json(path: str | os.PathLike, payload: Mapping[str, Any]) -> None:
-  """Writes a JSON file on process 0 (config.json, results.json)."""
+  """Writes a JSON file on process 0 (config.json, results.json, resumable stages), through a
+  temporary file and a rename: a run killed mid-write leaves the old file or none, never half."""
   if jax.process_index() != 0:
     return
   os.makedirs(os.path.dirname(os.fspath(path)) or ".", exist_ok=True)
-  with open(path, "w", encoding="utf-8") as f:
+  tmp = f"{os.fspath(path)}.tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
     json.dump(to_python(dict(payload)), f, indent=2, sort_keys=False, allow_nan=False)
     f.write("\n")
+  os.replace(tmp, path)
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:

@@ -134,11 +134,8 @@ def run(mip: instances.MIP, method: str, *, time_limit: float | None, spec: LnsS
       first_bit = neighbourhood.uniform_release(num_bits, budget, rng)
     else:
       destroy_key, whole, branch_key = ARMS[method]
-      graph = features.pad(features.graph_at(static, x), bucket)
-      destroy, branch = jax.device_get(policy_lib.jitted_logits(
-          trained.policy, trained.params[destroy_key], graph))
-      first_bit = neighbourhood.release_from_scores(destroy, num_bits, budget, rng,
-                                                    whole=whole)
+      first_bit, _ = sample_release(trained.policy, trained.params[destroy_key], static, x,
+                                    bucket, budget, rng, whole=whole)
       if branch_key is not None and spec.branch_share > 0:
         first_bit = branch_and_search(trained, branch_key, static, x, first_bit, bucket,
                                       spec.branch_share)
@@ -155,10 +152,20 @@ def run(mip: instances.MIP, method: str, *, time_limit: float | None, spec: LnsS
         node_limit=spec.sub_node_limit)
     timing.solver_s += time.perf_counter() - tic
     steps += 1
-    if objective is not None and objective < best - 1e-9 * max(1.0, abs(best)):
+    if solvers.improves(objective, best):
       x, best = candidate, objective
       trace.append((elapsed(), best))
   return solvers.Run(best, x, trace, "lns", steps)
+
+
+def sample_release(policy: policy_lib.Policy, params, static: features.StaticFeatures,
+                   x: np.ndarray, bucket, budget: int, rng: np.random.Generator | None, *,
+                   whole: bool = False) -> tuple[np.ndarray, features.Graph]:
+  """(first_bit, the padded graph it was sampled on): one destroy step of a network at `x`."""
+  graph = features.pad(features.graph_at(static, x), bucket)
+  destroy, _ = jax.device_get(policy_lib.jitted_logits(policy, params, graph))
+  return neighbourhood.release_from_scores(destroy, static.num_bits, budget, rng,
+                                           whole=whole), graph
 
 
 def branch_and_search(trained: Trained, branch_key: str, static: features.StaticFeatures,

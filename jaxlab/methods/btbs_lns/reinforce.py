@@ -26,6 +26,7 @@ import optax
 from jaxlab.core import metrics as metrics_lib
 from jaxlab.methods.btbs_lns import features
 from jaxlab.methods.btbs_lns import instances
+from jaxlab.methods.btbs_lns import lns
 from jaxlab.methods.btbs_lns import neighbourhood
 from jaxlab.methods.btbs_lns import policy as policy_lib
 from jaxlab.methods.btbs_lns import solvers
@@ -81,14 +82,13 @@ def episode(mip: instances.MIP, static: features.StaticFeatures, policy: policy_
   best = mip.objective(x)
   out = []
   for _ in range(spec.episode_steps):
-    graph = features.pad(features.graph_at(static, x), bucket)
-    destroy, _ = jax.device_get(policy_lib.jitted_logits(policy, params, graph))
-    first_bit = neighbourhood.release_from_scores(destroy, num_bits, budget, rng, whole=whole)
+    first_bit, graph = lns.sample_release(policy, params, static, x, bucket, budget, rng,
+                                          whole=whole)
     lower, upper = neighbourhood.bounds(mip, x, first_bit, num_bits)
     objective, candidate = sub.solve(lower, upper, x, time_limit=spec.sub_time_limit,
                                      node_limit=spec.sub_node_limit)
     reward = 0.0
-    if objective is not None and objective < best - 1e-9 * max(1.0, abs(best)):
+    if solvers.improves(objective, best):
       reward = (best - objective) / scale
       x, best = candidate, objective
     events, mask = action_events(first_bit, num_bits, static.max_bits, whole)

@@ -225,6 +225,11 @@ def first_solution(mip: instances.MIP, *, seed: int = 0, time_limit: float = 60.
   return Run(objective, x, [(time.perf_counter() - start, objective)], str(model.getStatus()))
 
 
+def improves(objective: float | None, best: float) -> bool:
+  """A found objective beats the incumbent's by more than a relative 1e-9 (minimisation)."""
+  return objective is not None and objective < best - 1e-9 * max(1.0, abs(best))
+
+
 class SubMipSolver:
   """One SCIP model per instance, re-solved under changing bounds (the LNS sub-MIPs)."""
 

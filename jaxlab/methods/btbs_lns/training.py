@@ -86,7 +86,7 @@ def collect(mip: instances.MIP, spec: LabelSpec, max_bits: int, seed: int = 0
     objective, candidate = solvers.local_branching(
         mip, x, kappa, time_limit=spec.time_limit, node_limit=spec.node_limit,
         seed=seed + step)
-    if objective is None or objective >= best - 1e-9 * max(1.0, abs(best)):
+    if not solvers.improves(objective, best):
       break
     target = neighbourhood.first_changed_bit(features.incumbent_bits(static, x),
                                              features.incumbent_bits(static, candidate),
