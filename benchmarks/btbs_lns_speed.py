@@ -63,9 +63,8 @@ def main() -> None:
     build = time_call(lambda: features.pad(features.graph_at(static, x)),
                       repeats=cut(args, 20, 2))
     graph = features.pad(features.graph_at(static, x))
-    forward = time_call(lambda: policy_lib.jitted_logits(trained.policy,
-                                                         trained.params["destroy_bt"], graph),
-                        repeats=cut(args, 20, 2))
+    network = policy_lib.bind(trained.policy, trained.params["destroy_bt"])
+    forward = time_call(lambda: network(graph), repeats=cut(args, 20, 2))
     size = f"{mip.num_cols} x {mip.num_rows}, {len(mip.data)}"
     for method in ("random_lns", "btbs", "btbs_no_bt", "btbs_no_branch"):
       timing = lns.Timing()

@@ -29,6 +29,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   arg = config_lib.parse_arg(arg, presets=config_lib.ALL_PRESETS, default_preset="quick")
   preset = arg.preset
   c = config_lib.base_config(preset=preset, seed=0)
+  # One device: a training batch is a handful of graphs, and the LNS runs are sequential.
+  c.mesh.data = 1
   c.families = ALL_FAMILIES
   c.methods = ALL_METHODS
   # Instance sizes per family (the generators' keyword arguments) and counts. Facility location

@@ -18,6 +18,7 @@ RTOL = 1e-6
 # `cli.SINGLE_PROCESS_STATUS` and say so. Every other experiment must give one process's metrics.
 ONE_PROCESS_ONLY = {
     "enamel": "eff@k compares execution times, which must all be measured on one machine",
+    "btbs_lns": "its methods are compared on wall-clock-limited solver runs on one machine",
     "metametrics": "Bayesian optimisation and XGBoost on one host; no JAX computation to share",
 }
 # Metrics that time the run rather than compute a result: they differ between any two runs.

@@ -34,6 +34,7 @@ VAR_FEATURES = 13
 CON_FEATURES = 7
 OBJ_FEATURES = 2
 BIT_FEATURES = 4
+RELEASED = VAR_FEATURES - 1    # the variable column marking the neighbourhood's releases
 
 
 class Graph(NamedTuple):
@@ -167,6 +168,15 @@ def graph_at(static: StaticFeatures, x: np.ndarray, released: np.ndarray | None 
       var_obj=(mip.c / cost_scale).astype(np.float32)[:, None],
       con_obj=np.tanh(static.con_rhs / static.con_scale).astype(np.float32)[:, None],
       var_mask=np.ones(mip.num_cols, bool), con_mask=np.ones(mip.num_rows, bool))
+
+
+def with_released(graph: Graph, released: np.ndarray) -> Graph:
+  """`graph` (padded or not) with the branching network's input: the neighbourhood's released
+  variables. Everything else is the destroy network's graph at the same incumbent."""
+  variables = graph.variables.copy()
+  variables[:, RELEASED] = 0.0
+  variables[:released.shape[0], RELEASED] = released
+  return graph._replace(variables=variables)
 
 
 def bucket_of(graph: Graph) -> tuple[int, int, int]:

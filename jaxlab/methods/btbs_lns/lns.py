@@ -124,6 +124,15 @@ def run(mip: instances.MIP, method: str, *, time_limit: float | None, spec: LnsS
     num_bits = np.where(integer, _bits(mip, integer), 0)
   budget = neighbourhood.budget_of(num_bits, spec.destroy_rate)
   timing.setup_s += elapsed()
+  networks = {}
+  if method in LEARNED:
+    destroy_key, whole, branch_key = ARMS[method]
+    networks["destroy"] = policy_lib.bind(trained.policy, trained.params[destroy_key])
+    if branch_key is not None and spec.branch_share > 0:
+      networks["branch"] = policy_lib.bind(trained.policy, trained.params[branch_key])
+  # The destroy network's input is the incumbent's graph, so its scores only change when a
+  # step is accepted; most steps are not, and they reuse them.
+  graph = destroy_scores = None
   steps = 0
   while True:
     remaining = math.inf if time_limit is None else time_limit - elapsed()
@@ -133,11 +142,12 @@ def run(mip: instances.MIP, method: str, *, time_limit: float | None, spec: LnsS
     if method == "random_lns":
       first_bit = neighbourhood.uniform_release(num_bits, budget, rng)
     else:
-      destroy_key, whole, branch_key = ARMS[method]
-      first_bit, _ = sample_release(trained.policy, trained.params[destroy_key], static, x,
-                                    bucket, budget, rng, whole=whole)
-      if branch_key is not None and spec.branch_share > 0:
-        first_bit = branch_and_search(trained, branch_key, static, x, first_bit, bucket,
+      if destroy_scores is None:
+        graph, destroy_scores = scores_at(networks["destroy"], static, x, bucket)
+      first_bit = neighbourhood.release_from_scores(destroy_scores, num_bits, budget, rng,
+                                                    whole=whole)
+      if "branch" in networks:
+        first_bit = branch_and_search(networks["branch"], graph, first_bit, num_bits,
                                       spec.branch_share)
     lower, upper = neighbourhood.bounds(mip, x, first_bit, num_bits)
     timing.policy_s += time.perf_counter() - tic
@@ -154,30 +164,35 @@ def run(mip: instances.MIP, method: str, *, time_limit: float | None, spec: LnsS
     steps += 1
     if solvers.improves(objective, best):
       x, best = candidate, objective
+      destroy_scores = None
       trace.append((elapsed(), best))
   return solvers.Run(best, x, trace, "lns", steps)
 
 
-def sample_release(policy: policy_lib.Policy, params, static: features.StaticFeatures,
+def scores_at(network: policy_lib.Network, static: features.StaticFeatures, x: np.ndarray,
+              bucket) -> tuple[features.Graph, np.ndarray]:
+  """(the padded graph at incumbent `x`, the destroy network's scores [n, D] on it)."""
+  graph = features.pad(features.graph_at(static, x), bucket)
+  destroy, _ = jax.device_get(network(graph))
+  return graph, destroy
+
+
+def sample_release(network: policy_lib.Network, static: features.StaticFeatures,
                    x: np.ndarray, bucket, budget: int, rng: np.random.Generator | None, *,
                    whole: bool = False) -> tuple[np.ndarray, features.Graph]:
   """(first_bit, the padded graph it was sampled on): one destroy step of a network at `x`."""
-  graph = features.pad(features.graph_at(static, x), bucket)
-  destroy, _ = jax.device_get(policy_lib.jitted_logits(policy, params, graph))
+  graph, destroy = scores_at(network, static, x, bucket)
   return neighbourhood.release_from_scores(destroy, static.num_bits, budget, rng,
                                            whole=whole), graph
 
 
-def branch_and_search(trained: Trained, branch_key: str, static: features.StaticFeatures,
-                      x: np.ndarray, first_bit: np.ndarray, bucket, share: float
-                      ) -> np.ndarray:
-  """The branching network scores the fixed variables given the destroy step's neighbourhood;
-  the top `share` x (released variables) of them are released whole as well."""
-  num_bits = static.num_bits
+def branch_and_search(network: policy_lib.Network, graph: features.Graph,
+                      first_bit: np.ndarray, num_bits: np.ndarray, share: float) -> np.ndarray:
+  """The branching network scores the fixed variables given the destroy step's neighbourhood
+  (`graph`: the padded graph at the incumbent); the top `share` x (released variables) of them
+  are released whole as well."""
   released = first_bit < num_bits
-  graph = features.pad(features.graph_at(static, x, released), bucket)
-  _, branch = jax.device_get(policy_lib.jitted_logits(trained.policy,
-                                                      trained.params[branch_key], graph))
+  _, branch = jax.device_get(network(features.with_released(graph, released)))
   first_bit, _ = neighbourhood.add_branching(first_bit, num_bits, branch,
                                              int(round(share * int(released.sum()))))
   return first_bit

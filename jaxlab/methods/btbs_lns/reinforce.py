@@ -80,9 +80,10 @@ def episode(mip: instances.MIP, static: features.StaticFeatures, policy: policy_
   budget = neighbourhood.budget_of(num_bits, destroy_rate)
   scale = max(abs(mip.objective(x)), 1.0)
   best = mip.objective(x)
+  network = policy_lib.bind(policy, params)
   out = []
   for _ in range(spec.episode_steps):
-    first_bit, graph = lns.sample_release(policy, params, static, x, bucket, budget, rng,
+    first_bit, graph = lns.sample_release(network, static, x, bucket, budget, rng,
                                           whole=whole)
     lower, upper = neighbourhood.bounds(mip, x, first_bit, num_bits)
     objective, candidate = sub.solve(lower, upper, x, time_limit=spec.sub_time_limit,
