@@ -6,8 +6,9 @@ SCIP, HiGHS and random LNS, with the claims.
 Per family: local-branching labels on the training instances, three networks trained by
 imitation (destroy on bits, destroy on whole variables, branching), optionally REINFORCE on the
 two destroy networks (`reinforce.iterations`), then every method on every test instance and
-solver seed (`data.run_seeds`) under the same wall clock. Stages are cached in the workdir (`labels/`,
-`policies/`, `runs/`), so a rerun resumes after the last finished stage. Writes
+solver seed (`data.run_seeds`) under the same wall clock. Stages are cached under
+`<workdir>/stages/<config hash>/` (`labels/`, `policies/`, `runs/`), so a rerun of the same config
+resumes after the last finished stage and a changed one starts afresh. Writes
 `<workdir>/results.json` (quick: also `results/btbs_lns.json`, the btbs policies in
 `results/btbs_lns_policies/` and a figure of the primal gap over time).
 """
@@ -129,17 +130,23 @@ def neighbourhoods_of(trained: lns.Trained, samples, bucket, spec: lns.LnsSpec, 
           for sample in samples]
 
 
-def train_family(family: str, s: Settings, workdir: str, seed: int, progress: bool
+def stage_dir(config: ml_collections.ConfigDict, workdir: str) -> str:
+  """Where this config's finished stages live: a changed config (sizes, seeds, limits) never
+  reuses another's labels, policies or runs."""
+  return os.path.join(workdir, "stages", config_lib.fingerprint(config))
+
+
+def train_family(family: str, s: Settings, stages: str, seed: int, progress: bool
                  ) -> tuple[lns.Trained, dict]:
   """Labels, then destroy (bits), branching (on that policy's neighbourhoods) and destroy (whole
   variables). Cached: `labels/<family>.pkl`, `policies/<family>.npz`, `policies/<family>.json`."""
-  policy_path = os.path.join(workdir, "policies", f"{family}.npz")
-  info_path = os.path.join(workdir, "policies", f"{family}.json")
+  policy_path = os.path.join(stages, "policies", f"{family}.npz")
+  info_path = os.path.join(stages, "policies", f"{family}.json")
   if os.path.exists(policy_path) and os.path.exists(info_path):
     with open(info_path, encoding="utf-8") as f:
       return lns.load_trained(policy_path), json.load(f)
   tic = time.perf_counter()
-  label_path = os.path.join(workdir, "labels", f"{family}.pkl")
+  label_path = os.path.join(stages, "labels", f"{family}.pkl")
   if os.path.exists(label_path):
     with open(label_path, "rb") as f:
       samples = pickle.load(f)
@@ -149,8 +156,9 @@ def train_family(family: str, s: Settings, workdir: str, seed: int, progress: bo
       mip = instances.generate(family, instance_seed, **s.sizes[family])
       samples += training.collect(mip, s.labels, s.policy.max_bits, seed=seed + index)
     os.makedirs(os.path.dirname(label_path), exist_ok=True)
-    with open(label_path, "wb") as f:
+    with open(label_path + ".tmp", "wb") as f:
       pickle.dump(samples, f)
+    os.replace(label_path + ".tmp", label_path)   # a killed run leaves no half-written file
   label_s = time.perf_counter() - tic
   if not samples:
     raise RuntimeError(f"{family}: no local-branching step improved any training incumbent; "
@@ -178,8 +186,7 @@ def train_family(family: str, s: Settings, workdir: str, seed: int, progress: bo
   if s.reinforce.iterations:
     info["reinforce"] = fine_tune_destroy(family, s, trained, bucket, seed, progress)
   lns.save_trained(trained, policy_path)
-  with open(info_path, "w", encoding="utf-8") as f:
-    json.dump(info, f)
+  metrics_lib.write_json(info_path, info)     # last: its presence marks the stage finished
   return trained, info
 
 
@@ -243,7 +250,7 @@ def run_keys(s: Settings) -> list[tuple[int, str]]:
   return [(t, run_key(t, r)) for t in s.test_seeds for r in range(s.run_seeds)]
 
 
-def evaluate_family(family: str, s: Settings, trained: lns.Trained | None, workdir: str,
+def evaluate_family(family: str, s: Settings, trained: lns.Trained | None, stages: str,
                     seed: int, progress: bool) -> dict:
   """{run key: {method: record}} for every test instance and solver seed (cached per run).
 
@@ -258,14 +265,14 @@ def evaluate_family(family: str, s: Settings, trained: lns.Trained | None, workd
       mips[instance_seed] = instances.generate(family, instance_seed, **s.sizes[family])
     mip = mips[instance_seed]
     key = run_key(instance_seed, run)
-    path = os.path.join(workdir, "runs", family, f"{key}-{method}.json")
+    path = os.path.join(stages, "runs", family, f"{key}-{method}.json")
     out.setdefault(key, {})[method] = run_cached(
         path, mip, lambda timing, m=method, mip=mip, r=run: lns.run(
             mip, m, time_limit=s.time_limit, spec=s.lns, trained=trained,
             seed=solver_seed(seed, instance_seed, r), timing=timing))
   if s.reference_time_limit > 0:
     for instance_seed, mip in mips.items():
-      path = os.path.join(workdir, "runs", family, f"{instance_seed}-reference.json")
+      path = os.path.join(stages, "runs", family, f"{instance_seed}-reference.json")
       out[str(instance_seed)]["reference"] = run_cached(
           path, mip, lambda timing, mip=mip: solvers.solve_scip(
               mip, time_limit=s.reference_time_limit, seed=seed))
@@ -430,16 +437,17 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
   start = time.perf_counter()
   s = settings(config)
   progress = config.train.progress
+  stages = stage_dir(config, workdir)
   learned = any(m in lns.LEARNED for m in s.methods)
   metrics: dict = {"training": {}}
   runs_by_family = {}
   for family in s.families:
     trained = None
     if learned:
-      trained, info = train_family(family, s, workdir, config.seed, progress)
+      trained, info = train_family(family, s, stages, config.seed, progress)
       metrics["training"][family] = info
       warm_up(trained, family, s)
-    runs_by_family[family] = evaluate_family(family, s, trained, workdir, config.seed,
+    runs_by_family[family] = evaluate_family(family, s, trained, stages, config.seed,
                                              progress)
     metrics[family] = summarise_family(runs_by_family[family], s)
   metrics["settings"] = {"time_limit": s.time_limit, "sizes": s.sizes,
@@ -455,7 +463,7 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
     target = os.path.join(results.RESULTS_DIR, "btbs_lns_policies")
     os.makedirs(target, exist_ok=True)
     for family in s.families:
-      lns.save_trained(lns.load_trained(os.path.join(workdir, "policies", f"{family}.npz")),
+      lns.save_trained(lns.load_trained(os.path.join(stages, "policies", f"{family}.npz")),
                        os.path.join(target, f"{family}.npz"), keys=PUBLISHED_POLICY_KEYS)
   mean = lambda m: float(np.mean([metrics[f][m]["primal_gap"]["mean"] for f in s.families]))
   headline = None

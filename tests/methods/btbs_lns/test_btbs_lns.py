@@ -153,6 +153,44 @@ def test_policy_is_permutation_equivariant_and_padding_inert():
   np.testing.assert_allclose(np.asarray(branch_pad)[:20], np.asarray(branch), atol=1e-5)
 
 
+def test_branching_graph_is_the_destroy_graph_with_the_released_column():
+  mip = instances.generate("intcover", 0, num_rows=12, num_cols=20, density=0.3)
+  static = features.StaticFeatures.of(mip, solvers.lp_relaxation(mip), 8)
+  x = instances.known_feasible_point(mip, "intcover")
+  released = np.arange(20) % 3 == 0
+  bucket = (32, 16, 256)
+  direct = features.pad(features.graph_at(static, x, released), bucket)
+  derived = features.with_released(features.pad(features.graph_at(static, x), bucket), released)
+  for name, a, b in zip(features.Graph._fields, direct, derived):
+    np.testing.assert_array_equal(a, b, err_msg=name)
+
+
+def test_lns_loop_runs_the_destroy_network_only_when_the_incumbent_changes(monkeypatch):
+  mip = small_integer_mip(3)
+  policy, params = policy_lib.Policy.create(policy_lib.PolicySpec(width=8, num_heads=2))
+  trained = lns.Trained(policy, {"destroy_bt": params, "branch": policy.init(1)})
+  calls = {"destroy": 0, "branch": 0}
+  bind = policy_lib.bind
+
+  def counting_bind(policy_, params_):
+    network = bind(policy_, params_)
+    kind = "destroy" if params_ is trained.params["destroy_bt"] else "branch"
+
+    def counted(graph):
+      calls[kind] += 1
+      return network(graph)
+    return counted
+
+  monkeypatch.setattr(policy_lib, "bind", counting_bind)
+  run = lns.run(mip, "btbs", time_limit=None, trained=trained,
+                spec=lns.LnsSpec(sub_node_limit=NODES, max_steps=6, destroy_rate=0.5))
+  accepted = len(run.trace) - 1
+  assert run.steps == 6 and calls["branch"] == 6
+  assert accepted < 5        # this instance rejects some steps, which reuse the scores
+  # Once at the start, then after each accepted step but a last one (nothing samples after it).
+  assert calls["destroy"] in (accepted, accepted + 1)
+
+
 def test_policy_compiles_once_per_bucket():
   policy, params = policy_lib.Policy.create(policy_lib.PolicySpec(width=8, num_heads=2))
 
@@ -280,3 +318,16 @@ def test_reinforce_events_episode_and_update_direction():
   assert (log_prob(state, rewarded) - log_prob(state, plain)) > (before[0] - before[1]) + 0.5
   with pytest.raises(ValueError, match="episode_steps"):
     reinforce.ReinforceSpec(episode_steps=1)
+
+
+def test_stages_are_keyed_by_the_config():
+  from configs import btbs_lns as btbs_config          # pylint: disable=g-import-not-at-top
+  from experiments import btbs_lns as experiment       # pylint: disable=g-import-not-at-top
+  config = btbs_config.get_config("smoke")
+  stages = experiment.stage_dir(config, "/work")
+  quiet = btbs_config.get_config("smoke")
+  quiet.train.progress = not config.train.progress
+  assert experiment.stage_dir(quiet, "/work") == stages
+  larger = btbs_config.get_config("smoke")
+  larger.sizes.setcover.num_rows += 1
+  assert experiment.stage_dir(larger, "/work") != stages
