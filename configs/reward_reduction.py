@@ -37,7 +37,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.agent = ml_collections.ConfigDict(dict(
       hidden=(128, 128), learning_rate=3e-4, batch_size=32, num_sample_w=4, gamma=0.99,
       epsilon_start=1.0, epsilon_end=0.05, epsilon_fraction=0.1, learning_starts=200,
-      target_every=500, max_grad_norm=0.1, homotopy_steps=15_000))
+      target_every=500, max_grad_norm=0.1, homotopy_steps=15_000, buffer_size=52_000))
   c.eval.update(dict(
       num_preferences=20, candidates=10_000, eum_weights=100, ref_scales=(1.0, 2.0, 4.0),
       random_episodes=8, seed=1234))
@@ -52,7 +52,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.methods = "ours,none"
     c.num_seeds = 2
     c.env.update(dict(episode_decisions=20, vehicles=400.0, weibull_scale=133.0))
-    c.agent.update(dict(hidden=(16,), learning_starts=20, target_every=50, homotopy_steps=60))
+    c.agent.update(dict(hidden=(16,), learning_starts=20, target_every=50, homotopy_steps=60,
+                        buffer_size=100))
     c.eval.update(dict(num_preferences=4, candidates=200, eum_weights=10, random_episodes=2))
     c.train.update(dict(steps=80, chunk_steps=40, ckpt_every=40, log_every=40, progress=False))
   return config_lib.finalize(c)

@@ -47,6 +47,9 @@ def options(config: ml_collections.ConfigDict):
                      f"must be in 0..train.steps ({config.train.steps}), got {a.homotopy_steps}")
   config_lib.require(0 <= a.learning_starts < config.train.steps, "agent.learning_starts",
                      "must be below train.steps")
+  config_lib.require(a.buffer_size >= max(a.batch_size, r.batch_size), "agent.buffer_size",
+                     f"must hold a batch (>= {max(a.batch_size, r.batch_size)}), "
+                     f"got {a.buffer_size}")
   config_lib.require(0.0 <= r.dropout < 1.0, "reduction.dropout", "must be in [0, 1)")
   config_lib.require(config.num_seeds >= 1, "num_seeds", "must be >= 1")
   config_lib.require(e.num_preferences >= 2, "eval.num_preferences", "must be >= 2")
@@ -75,6 +78,7 @@ def options(config: ml_collections.ConfigDict):
         epsilon_fraction=float(a.epsilon_fraction), learning_starts=int(a.learning_starts),
         target_every=int(a.target_every), max_grad_norm=float(a.max_grad_norm),
         homotopy_steps=int(a.homotopy_steps), total_steps=int(config.train.steps),
+        buffer_size=int(a.buffer_size),
         reduction_interval=int(r.interval), reduction_batch=int(r.batch_size),
         chunk_steps=int(config.train.chunk_steps))
   return names, traffic_config, settings

@@ -52,6 +52,10 @@ class AgentSettings:
   max_grad_norm: float = 0.1
   homotopy_steps: int = 15_000
   total_steps: int = 20_000
+  # Replay capacity, a ring buffer. Its own setting, so that a run extended past `total_steps`
+  # restores into the same shapes; 52,000 holds a whole paper-preset run, so no preset ever
+  # overwrites a transition (as when the buffer was sized by the run).
+  buffer_size: int = 52_000
   reduction_interval: int = 5
   reduction_batch: int = 32
   chunk_steps: int = 1_000
@@ -153,7 +157,7 @@ def init_replica(settings: AgentSettings, env_params: traffic.TrafficParams,
   params = orthogonal_init(
       q_network(traffic.OBSERVATION_SIZE, settings.dim, settings.hidden).init(net_key), net_key)
   env_state, obs = traffic.reset(env_key, env_params, settings.traffic)
-  size = settings.total_steps
+  size = settings.buffer_size
   k = settings.reduction.num_objectives
   return {
       "params": params, "target_params": params,
@@ -169,6 +173,11 @@ def init_replica(settings: AgentSettings, env_params: traffic.TrafficParams,
   }
 
 
+def filled(settings: AgentSettings, index: jax.Array) -> jax.Array:
+  """How many replay slots hold a transition once step `index` has written its own."""
+  return jnp.minimum(index + 1, settings.buffer_size)
+
+
 def replica_chunk(settings: AgentSettings):
   """(state, key, env_params, start, stop) -> (state, metrics): `chunk_steps` environment steps
   of one replica (those at or past `stop` are no-ops)."""
@@ -177,7 +186,7 @@ def replica_chunk(settings: AgentSettings):
 
   def q_update(state, index, key):
     sample_key, w_key = jax.random.split(key)
-    rows = jax.random.randint(sample_key, (settings.batch_size,), 0, index + 1)
+    rows = jax.random.randint(sample_key, (settings.batch_size,), 0, filled(settings, index))
     buffer = state["buffer"]
     batch = {"obs": buffer["obs"][rows], "action": buffer["action"][rows],
              "next_obs": buffer["next_obs"][rows],
@@ -192,7 +201,8 @@ def replica_chunk(settings: AgentSettings):
 
   def reduction_update(state, index, key):
     sample_key, dropout_key = jax.random.split(key)
-    rows = jax.random.randint(sample_key, (settings.reduction_batch,), 0, index + 1)
+    rows = jax.random.randint(sample_key, (settings.reduction_batch,), 0,
+                              filled(settings, index))
     reduced, loss = reduction.update(state["reduction"], state["buffer"]["reward"][rows],
                                      dropout_key)
     return {**state, "reduction": reduced}, loss
@@ -207,10 +217,11 @@ def replica_chunk(settings: AgentSettings):
     env, next_obs, reward, done = traffic.step(state["env"], action, keys[2], env_params,
                                                settings.traffic)
     buffer = state["buffer"]
-    buffer = {"obs": buffer["obs"].at[index].set(state["obs"]),
-              "action": buffer["action"].at[index].set(action),
-              "reward": buffer["reward"].at[index].set(reward),
-              "next_obs": buffer["next_obs"].at[index].set(next_obs)}
+    slot = index % settings.buffer_size
+    buffer = {"obs": buffer["obs"].at[slot].set(state["obs"]),
+              "action": buffer["action"].at[slot].set(action),
+              "reward": buffer["reward"].at[slot].set(reward),
+              "next_obs": buffer["next_obs"].at[slot].set(next_obs)}
     discount = settings.gamma ** env.decision.astype(jnp.float32)
     episode_return = state["episode_return"] + discount * reward
     reset_env, reset_obs = traffic.reset(keys[3], env_params, settings.traffic)

@@ -1,6 +1,7 @@
 """reward_reduction: the envelope target, the reductions, one trace, bad configs."""
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 
 import chex
@@ -19,7 +20,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[3]
 TINY = agent.AgentSettings(reduction=reduction.ReductionSettings(method="ours"),
                            traffic=traffic.TrafficConfig(episode_decisions=10), hidden=(8,),
                            learning_starts=4, target_every=5, homotopy_steps=10,
-                           total_steps=20, chunk_steps=5, reduction_batch=4)
+                           total_steps=20, chunk_steps=5, reduction_batch=4, buffer_size=8)
 
 
 def test_envelope_target_equals_a_loop():
@@ -81,10 +82,28 @@ def test_the_chunk_traces_once_and_learns_without_nans():
   assert np.all(np.asarray(metrics["train/loss"]) > 0)
 
 
+def test_a_full_replay_buffer_keeps_the_latest_transitions_in_its_ring():
+  # No Q update (learning starts after the run), so both buffers see the same transitions.
+  env = traffic.demand(0, TINY.traffic, vehicles=200.0, weibull_scale=60.0)
+  buffers = {}
+  for size in (20, 8):
+    settings = dataclasses.replace(TINY, learning_starts=20, buffer_size=size)
+    state = agent.init_replica(settings, env, jax.random.key(0))
+    chunk = jax.jit(agent.replica_chunk(settings))
+    for start in range(0, 20, 5):
+      state, _ = chunk(state, jax.random.key(0), env, jnp.asarray(start), jnp.asarray(start + 5))
+    buffers[size] = jax.tree.map(np.asarray, state["buffer"])
+  for name, whole in buffers[20].items():
+    ring = buffers[8][name]
+    for step in range(12, 20):
+      np.testing.assert_array_equal(ring[step % 8], whole[step], err_msg=f"{name} {step}")
+
+
 @pytest.mark.parametrize("override, key", [
     ({"reduction.reduced_dim": 16}, "reduction.reduced_dim"),
     ({"methods": "ours,svd"}, "methods"),
     ({"agent.homotopy_steps": 10**9}, "agent.homotopy_steps"),
+    ({"agent.buffer_size": 4}, "agent.buffer_size"),
 ])
 def test_bad_config_fails_before_compiling_naming_the_key(override, key, tmp_path):
   config = config_lib.override(
