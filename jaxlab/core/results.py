@@ -179,17 +179,23 @@ def write_results(workdir: str | os.PathLike, *, slug: str, config: ml_collectio
 def save_figure(figure: Any, workdir: str | os.PathLike, filename: str, slug: str,
                 config: ml_collections.ConfigDict, publish: bool | None = None) -> None:
   """Saves a matplotlib figure in the workdir (process 0) and, for quick and long runs (or as
-  `publish` says), in results/ as `<slug>_<filename>` or `<slug>_long_<filename>`."""
-  if jax.process_index() != 0:
-    return
-  path = pathlib.Path(workdir) / filename
-  path.parent.mkdir(parents=True, exist_ok=True)
-  figure.savefig(path, dpi=120)
-  if publish is None:
-    publish = _default_publish(config)
-  if publish:
-    RESULTS_DIR.mkdir(exist_ok=True)
-    shutil.copyfile(path, RESULTS_DIR / f"{published_stem(slug, config)}_{filename}")
+  `publish` says), in results/ as `<slug>_<filename>` or `<slug>_long_<filename>`. Closes the
+  figure: pyplot keeps every open one alive, and a process that runs several experiments (a
+  notebook, the test workers) would accumulate them."""
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  try:
+    if jax.process_index() != 0:
+      return
+    path = pathlib.Path(workdir) / filename
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120)
+    if publish is None:
+      publish = _default_publish(config)
+    if publish:
+      RESULTS_DIR.mkdir(exist_ok=True)
+      shutil.copyfile(path, RESULTS_DIR / f"{published_stem(slug, config)}_{filename}")
+  finally:
+    plt.close(figure)
 
 
 def load_all(results_dir: str | os.PathLike = RESULTS_DIR) -> dict[str, dict[str, Any]]:

@@ -213,3 +213,15 @@ def test_standard_error_of_the_mean():
   np.testing.assert_allclose(results.standard_error([1.0, 2.0, 3.0, 4.0]),
                              np.std([1, 2, 3, 4], ddof=1) / 2)
   assert np.isnan(results.standard_error([1.0]))
+
+
+def test_save_figure_writes_the_png_and_closes_the_figure(tmp_path):
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  config = config_lib.base_config(preset="smoke")
+  figure, axis = plt.subplots()
+  axis.plot([0, 1], [1, 0])
+  results.save_figure(figure, tmp_path, "line.png", "demo", config, publish=False)
+  assert (tmp_path / "line.png").stat().st_size > 0
+  assert not plt.fignum_exists(figure.number)
