@@ -130,12 +130,6 @@ def neighbourhoods_of(trained: lns.Trained, samples, bucket, spec: lns.LnsSpec, 
           for sample in samples]
 
 
-def stage_dir(config: ml_collections.ConfigDict, workdir: str) -> str:
-  """Where this config's finished stages live: a changed config (sizes, seeds, limits) never
-  reuses another's labels, policies or runs."""
-  return os.path.join(workdir, "stages", config_lib.fingerprint(config))
-
-
 def train_family(family: str, s: Settings, stages: str, seed: int, progress: bool
                  ) -> tuple[lns.Trained, dict]:
   """Labels, then destroy (bits), branching (on that policy's neighbourhoods) and destroy (whole
@@ -155,10 +149,8 @@ def train_family(family: str, s: Settings, stages: str, seed: int, progress: boo
     for index, instance_seed in enumerate(s.train_seeds):
       mip = instances.generate(family, instance_seed, **s.sizes[family])
       samples += training.collect(mip, s.labels, s.policy.max_bits, seed=seed + index)
-    os.makedirs(os.path.dirname(label_path), exist_ok=True)
-    with open(label_path + ".tmp", "wb") as f:
+    with metrics_lib.atomic_file(label_path, "wb") as f:
       pickle.dump(samples, f)
-    os.replace(label_path + ".tmp", label_path)   # a killed run leaves no half-written file
   label_s = time.perf_counter() - tic
   if not samples:
     raise RuntimeError(f"{family}: no local-branching step improved any training incumbent; "
@@ -437,7 +429,7 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
   start = time.perf_counter()
   s = settings(config)
   progress = config.train.progress
-  stages = stage_dir(config, workdir)
+  stages = config_lib.stage_dir(config, workdir)
   learned = any(m in lns.LEARNED for m in s.methods)
   metrics: dict = {"training": {}}
   runs_by_family = {}

@@ -143,19 +143,13 @@ def tune(prior, run, config, validation, methods, progress) -> dict:
   return {"chosen": chosen, "grid": table}
 
 
-def stage_dir(config: ml_collections.ConfigDict, workdir: str) -> str:
-  """Where this config's finished stages live: a changed config never reuses another's."""
-  return os.path.join(workdir, "stages", config_lib.fingerprint(config))
-
-
 def save_arrays(path: str, **arrays) -> None:
   """An .npz on process 0, through a rename (as `write_json`): a killed run leaves no half file."""
   if jax.process_index() != 0:
     return
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path + ".tmp", "wb") as f:   # a file object: np.savez would append ".npz" to a name
+  # A file object: given a name, np.savez would append ".npz" to the temporary one.
+  with metrics_progress.atomic_file(path, "wb") as f:
     np.savez(f, **arrays)
-  os.replace(path + ".tmp", path)
 
 
 def tuned_once(prior, run, config, validation, methods, stages: str) -> dict:
@@ -309,7 +303,7 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                 size=config.data.size)
   validation = scenes.semantix_pairs(config.data.num_validation, config.data.validation_seed,
                                      size=config.data.size)
-  stages = stage_dir(config, workdir)
+  stages = config_lib.stage_dir(config, workdir)
   tuned = tuned_once(prior, run, config, validation, methods, stages)
   g = config.guidance
   inversions = {}

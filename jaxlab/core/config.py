@@ -288,6 +288,12 @@ def fingerprint(c: ml_collections.ConfigDict, ignore: Sequence[str] = ("train.pr
   return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
+def stage_dir(c: ml_collections.ConfigDict, workdir: str | os.PathLike) -> str:
+  """`<workdir>/stages/<fingerprint>`: where an experiment keeps the finished stages it resumes
+  from (labels, tuned settings, samples), so a changed config never reuses another's."""
+  return os.path.join(os.fspath(workdir), "stages", fingerprint(c))
+
+
 def flatten(nested: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
   """{"optim": {"lr": 1e-3}} -> {"optim.lr": 1e-3}."""
   flat = {}

@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -73,17 +74,31 @@ class MetricWriter:
     self.close()
 
 
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike, mode: str = "w") -> Iterator[Any]:
+  """An open temporary file beside `path`, renamed onto it when the block ends without error: a
+  run killed mid-write leaves the old file or none, never half of one (resumable stages)."""
+  path = os.fspath(path)
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+  tmp = f"{path}.tmp"
+  try:
+    with open(tmp, mode, encoding=None if "b" in mode else "utf-8") as f:
+      yield f
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
+  os.replace(tmp, path)
+
+
 def write_json(path: str | os.PathLike, payload: Mapping[str, Any]) -> None:
-  """Writes a JSON file on process 0 (config.json, results.json, resumable stages), through a
-  temporary file and a rename: a run killed mid-write leaves the old file or none, never half."""
+  """Writes a JSON file on process 0 (config.json, results.json, resumable stages) through
+  `atomic_file`."""
   if jax.process_index() != 0:
     return
-  os.makedirs(os.path.dirname(os.fspath(path)) or ".", exist_ok=True)
-  tmp = f"{os.fspath(path)}.tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
+  with atomic_file(path) as f:
     json.dump(to_python(dict(payload)), f, indent=2, sort_keys=False, allow_nan=False)
     f.write("\n")
-  os.replace(tmp, path)
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:

@@ -112,3 +112,29 @@ def test_select_names():
     config_lib.select_names(c, "data.none", known)
   with pytest.raises(config_lib.ConfigError, match="'data.typo' names 'z'"):
     config_lib.select_names(c, "data.typo", known)
+
+
+def test_stage_dir_ignores_progress_and_changes_with_any_other_value(tmp_path):
+  config = config_lib.base_config(preset="smoke")
+  stages = config_lib.stage_dir(config, tmp_path)
+  assert stages.startswith(str(tmp_path / "stages"))
+  quiet = config_lib.base_config(preset="smoke")
+  quiet.train.progress = not config.train.progress
+  assert config_lib.stage_dir(quiet, tmp_path) == stages
+  longer = config_lib.base_config(preset="smoke")
+  longer.train.steps += 1
+  assert config_lib.stage_dir(longer, tmp_path) != stages
+
+
+def test_atomic_file_renames_on_success_and_leaves_nothing_on_error(tmp_path):
+  from jaxlab.core import metrics  # pylint: disable=g-import-not-at-top
+  path = tmp_path / "deep" / "stage.bin"
+  with metrics.atomic_file(path, "wb") as f:
+    f.write(b"done")
+  assert path.read_bytes() == b"done"
+  with pytest.raises(RuntimeError):
+    with metrics.atomic_file(path, "wb") as f:
+      f.write(b"half")
+      raise RuntimeError("killed")
+  assert path.read_bytes() == b"done"
+  assert not (tmp_path / "deep" / "stage.bin.tmp").exists()

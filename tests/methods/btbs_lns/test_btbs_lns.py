@@ -319,15 +319,3 @@ def test_reinforce_events_episode_and_update_direction():
   with pytest.raises(ValueError, match="episode_steps"):
     reinforce.ReinforceSpec(episode_steps=1)
 
-
-def test_stages_are_keyed_by_the_config():
-  from configs import btbs_lns as btbs_config          # pylint: disable=g-import-not-at-top
-  from experiments import btbs_lns as experiment       # pylint: disable=g-import-not-at-top
-  config = btbs_config.get_config("smoke")
-  stages = experiment.stage_dir(config, "/work")
-  quiet = btbs_config.get_config("smoke")
-  quiet.train.progress = not config.train.progress
-  assert experiment.stage_dir(quiet, "/work") == stages
-  larger = btbs_config.get_config("smoke")
-  larger.sizes.setcover.num_rows += 1
-  assert experiment.stage_dir(larger, "/work") != stages

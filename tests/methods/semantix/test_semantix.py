@@ -187,7 +187,7 @@ def test_a_rerun_reuses_finished_stages_and_a_new_config_does_not(monkeypatch, t
 
   first = semantix_experiment.main(config, str(tmp_path))
   assert calls == {"tune": 1, "invert": 1, "run": methods}
-  stages = semantix_experiment.stage_dir(config, str(tmp_path))
+  stages = config_lib.stage_dir(config, str(tmp_path))
   (tmp_path / stages / f"{methods[-1]}.npz").unlink()
   second = semantix_experiment.main(config, str(tmp_path))
   assert calls == {"tune": 1, "invert": 2, "run": methods + [methods[-1]]}
@@ -195,6 +195,6 @@ def test_a_rerun_reuses_finished_stages_and_a_new_config_does_not(monkeypatch, t
   assert second["metrics"][methods[-1]] != first["metrics"][methods[-1]]
   fresh = lambda: config_lib.load_config(CONFIG, "smoke")   # `override` works in place
   changed = config_lib.override(fresh(), {"data.num_pairs": 8})
-  assert semantix_experiment.stage_dir(changed, str(tmp_path)) != stages
+  assert config_lib.stage_dir(changed, str(tmp_path)) != stages
   quiet = config_lib.override(fresh(), {"train.progress": True})
-  assert semantix_experiment.stage_dir(quiet, str(tmp_path)) == stages
+  assert config_lib.stage_dir(quiet, str(tmp_path)) == stages
