@@ -3,7 +3,8 @@
   python -m benchmarks.btbs_lns_speed [--preset=quick] [--no-append] [--brief]
 
 Per family of the preset (its instance sizes): building the graph at an incumbent (NumPy), one
-jitted GNN forward pass (warm; the graph padded to its bucket), and one LNS run of each learned
+jitted trunk and destroy head pass (warm; the graph padded to its bucket, once per incumbent), one
+branch head pass on its embeddings (every btbs step), and one LNS run of each learned
 method and random LNS under the preset's wall clock, split into setup (model, first solution,
 LP relaxation), policy (features, GNN, neighbourhood) and SCIP time, with LNS steps per second.
 The issue's target: the policy under 10% of a step. Learned methods use the committed policy
@@ -15,6 +16,7 @@ from __future__ import annotations
 import os
 
 import jax
+import numpy as np
 
 from benchmarks.common import brief_mark, cut, machine, preset_command_line, publish, time_call, writes_results
 from experiments import btbs_lns as btbs_experiment
@@ -30,13 +32,14 @@ def trained_or_fresh(family: str, spec: policy_lib.PolicySpec) -> tuple[lns.Trai
   if os.path.exists(path):
     trained = lns.load_trained(path)
     if trained.policy.spec == spec:
-      # The published files hold btbs's networks only; btbs_no_bt's destroy network has the
-      # same structure, so btbs's times it.
+      # The published files hold btbs's networks only; btbs_no_bt's have the same structure,
+      # so btbs's time them.
       trained.params.setdefault("destroy_whole", trained.params["destroy_bt"])
+      trained.params.setdefault("branch_whole", trained.params["branch"])
       return trained, "trained"
   policy, params = policy_lib.Policy.create(spec)
-  return lns.Trained(policy, {"destroy_bt": params, "branch": params,
-                              "destroy_whole": params}), "untrained"
+  return lns.Trained(policy, {key: params for key in ("destroy_bt", "branch", "destroy_whole",
+                                                      "branch_whole")}), "untrained"
 
 
 def main() -> None:
@@ -52,9 +55,9 @@ def main() -> None:
            f"{time_limit:g} s per run, sub-MIPs at most {spec.sub_time_limit:g} s, destroy rate "
            f"{spec.destroy_rate}. Policy share = policy / (policy + SCIP) time within the LNS "
            "loop (target: under 10%).\n\n",
-           "| family | size (cols x rows, nnz) | graph build | GNN forward | method | LNS steps/s "
-           "| setup s | policy s | SCIP s | policy share |\n|---|---|---|---|---|---|---|---|---|"
-           "---|\n"]
+           "| family | size (cols x rows, nnz) | graph build | trunk + destroy | branch head "
+           "| method | LNS steps/s | setup s | policy s | SCIP s | policy share |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|\n"]
   for family in s.families:
     mip = instances.generate(family, s.test_seeds[0], **s.sizes[family])
     trained, kind = trained_or_fresh(family, s.policy)
@@ -64,7 +67,11 @@ def main() -> None:
                       repeats=cut(args, 20, 2))
     graph = features.pad(features.graph_at(static, x))
     network = policy_lib.bind(trained.policy, trained.params["destroy_bt"])
-    forward = time_call(lambda: network(graph), repeats=cut(args, 20, 2))
+    forward = time_call(lambda: network.destroy(graph), repeats=cut(args, 20, 2))
+    embedding = network.destroy(graph)[0]
+    released = np.arange(graph.variables.shape[0]) % 5 == 0
+    branch = time_call(lambda: network.branch(embedding, graph, released),
+                       repeats=cut(args, 20, 2))
     size = f"{mip.num_cols} x {mip.num_rows}, {len(mip.data)}"
     for method in ("random_lns", "btbs", "btbs_no_bt", "btbs_no_branch"):
       timing = lns.Timing()
@@ -73,7 +80,8 @@ def main() -> None:
       loop = timing.policy_s + timing.solver_s
       share = timing.policy_s / max(loop, 1e-9)
       lines.append(f"| {family} | {size} | {build * 1e3:.1f} ms | {forward * 1e3:.1f} ms "
-                   f"({kind}) | {method} | {run.steps / max(loop, 1e-9):.1f} | "
+                   f"({kind}) | {branch * 1e3:.2f} ms | {method} | "
+                   f"{run.steps / max(loop, 1e-9):.1f} | "
                    f"{timing.setup_s:.2f} | {timing.policy_s:.2f} | {timing.solver_s:.2f} | "
                    f"{100 * share:.0f}% |\n")
       print(lines[-1], end="", flush=True)

@@ -3,9 +3,9 @@ SCIP, HiGHS and random LNS, with the claims.
 
   python -m experiments.btbs_lns --config=configs/btbs_lns.py:quick
 
-Per family: local-branching labels on the training instances, three networks trained by
-imitation (destroy on bits, destroy on whole variables, branching), optionally REINFORCE on the
-two destroy networks (`reinforce.iterations`), then every method on every test instance and
+Per family: local-branching labels on the training instances, two destroy networks trained by
+imitation (on bits, on whole variables), optionally REINFORCE on them (`reinforce.iterations`),
+a branch head trained on each (on that network's own neighbourhoods), then every method on every test instance and
 solver seed (`data.run_seeds`) under the same wall clock. Stages are cached under
 `<workdir>/stages/<config hash>/` (`labels/`, `policies/`, `runs/`), so a rerun of the same config
 resumes after the last finished stage and a changed one starts afresh. Writes
@@ -120,20 +120,27 @@ def settings(config: ml_collections.ConfigDict) -> Settings:
 # Training.
 
 
-def neighbourhoods_of(trained: lns.Trained, samples, bucket, spec: lns.LnsSpec, seed: int):
-  """The bt destroy policy's sampled neighbourhood at every labelled state."""
+def neighbourhoods_of(trained: lns.Trained, key: str, samples, bucket, spec: lns.LnsSpec,
+                      seed: int, whole: bool):
+  """The destroy network `key`'s sampled neighbourhood at every labelled state."""
   rng = np.random.default_rng(seed)
-  network = policy_lib.bind(trained.policy, trained.params["destroy_bt"])
+  network = policy_lib.bind(trained.policy, trained.params[key])
   return [lns.sample_release(network, sample.static, sample.x, bucket,
                              neighbourhood.budget_of(sample.static.num_bits, spec.destroy_rate),
-                             rng)[0]
+                             rng, whole=whole)[0]
           for sample in samples]
+
+
+# (branch parameters, the destroy network they are trained on, whether it acts on whole
+# variables) of the learned arms.
+BRANCH_HEADS = (("branch", "destroy_bt", False), ("branch_whole", "destroy_whole", True))
 
 
 def train_family(family: str, s: Settings, stages: str, seed: int, progress: bool
                  ) -> tuple[lns.Trained, dict]:
-  """Labels, then destroy (bits), branching (on that policy's neighbourhoods) and destroy (whole
-  variables). Cached: `labels/<family>.pkl`, `policies/<family>.npz`, `policies/<family>.json`."""
+  """Labels, the destroy networks (bits, whole variables), REINFORCE on them if configured, and
+  a branch head on each (trained on that network's neighbourhoods, its trunk frozen). Cached:
+  `labels/<family>.pkl`, `policies/<family>.npz`, `policies/<family>.json`."""
   policy_path = os.path.join(stages, "policies", f"{family}.npz")
   info_path = os.path.join(stages, "policies", f"{family}.json")
   if os.path.exists(policy_path) and os.path.exists(info_path):
@@ -159,24 +166,25 @@ def train_family(family: str, s: Settings, stages: str, seed: int, progress: boo
   bucket = training.bucket_of_samples(samples)
   policy = policy_lib.Policy.create(s.policy, seed)[0]
   params, losses = {}, {}
-  params["destroy_bt"], losses["destroy_bt"] = training.fit(
-      policy, policy.init(seed + 1), training.destroy_dataset(samples, bucket, whole=False),
-      "destroy", s.fit, seed=seed, progress=progress, desc=f"{family} destroy (bits)")
+  for key, whole, init_seed, desc in (("destroy_bt", False, seed + 1, "destroy (bits)"),
+                                      ("destroy_whole", True, seed + 3, "destroy (whole)")):
+    params[key], losses[key] = training.fit(
+        policy, policy.init(init_seed), training.destroy_dataset(samples, bucket, whole=whole),
+        "destroy", s.fit, seed=seed, progress=progress, desc=f"{family} {desc}")
   trained = lns.Trained(policy, params)
-  chosen = neighbourhoods_of(trained, samples, bucket, s.lns, seed)
-  params["branch"], losses["branch"] = training.fit(
-      policy, policy.init(seed + 2), training.branch_dataset(samples, bucket, chosen), "branch",
-      s.fit, seed=seed, progress=progress, desc=f"{family} branching")
-  params["destroy_whole"], losses["destroy_whole"] = training.fit(
-      policy, policy.init(seed + 3), training.destroy_dataset(samples, bucket, whole=True),
-      "destroy", s.fit, seed=seed, progress=progress, desc=f"{family} destroy (whole)")
-  changed = [int(np.sum(x.target_bit < x.static.num_bits)) for x in samples]
-  info = {"labelled_states": len(samples), "changed_per_state": float(np.mean(changed)),
-          "label_s": label_s, "fit_s": time.perf_counter() - tic,
-          "loss_first": {k: v[0] for k, v in losses.items()},
-          "loss_last": {k: v[-1] for k, v in losses.items()}, "bucket": list(bucket)}
+  info = {}
   if s.reinforce.iterations:
     info["reinforce"] = fine_tune_destroy(family, s, trained, bucket, seed, progress)
+  for key, destroy_key, whole in BRANCH_HEADS:
+    chosen = neighbourhoods_of(trained, destroy_key, samples, bucket, s.lns, seed, whole)
+    params[key], losses[key] = training.fit(
+        policy, params[destroy_key], training.branch_dataset(samples, bucket, chosen), "branch",
+        s.fit, seed=seed, progress=progress, desc=f"{family} {key}")
+  changed = [int(np.sum(x.target_bit < x.static.num_bits)) for x in samples]
+  info.update({"labelled_states": len(samples), "changed_per_state": float(np.mean(changed)),
+               "label_s": label_s, "fit_s": time.perf_counter() - tic,
+               "loss_first": {k: v[0] for k, v in losses.items()},
+               "loss_last": {k: v[-1] for k, v in losses.items()}, "bucket": list(bucket)})
   lns.save_trained(trained, policy_path)
   metrics_lib.write_json(info_path, info)     # last: its presence marks the stage finished
   return trained, info

@@ -6,9 +6,8 @@ row's right-hand side as a share of its reachable activity range).
 
 * Variables [n, VAR_FEATURES]: binary / general integer / continuous, log2 of the range (over 8),
   cost, LP value (as a share of the range), LP fractionality, reduced cost, degree, the
-  incumbent's value (share of the range), its distance to the LP value, whether it sits at a
-  bound, and whether the current neighbourhood releases it (0 for the destroy network; the
-  branching network reads the destroy step's choice here).
+  incumbent's value (share of the range), its distance to the LP value, and whether it sits at
+  a bound. (The neighbourhood is not a node feature: the branch head reads it, `policy`.)
 * Constraints [m, CON_FEATURES]: >= / <= / both, right-hand side, the incumbent's slack, tight at
   the incumbent, the LP dual.
 * Objective [1, OBJ_FEATURES]: a constant and the incumbent's gap to the LP bound.
@@ -30,11 +29,10 @@ from jaxlab.methods.btbs_lns import instances
 from jaxlab.methods.btbs_lns import solvers
 from jaxlab.methods.btbs_lns import tightening
 
-VAR_FEATURES = 13
+VAR_FEATURES = 12
 CON_FEATURES = 7
 OBJ_FEATURES = 2
 BIT_FEATURES = 4
-RELEASED = VAR_FEATURES - 1    # the variable column marking the neighbourhood's releases
 
 
 class Graph(NamedTuple):
@@ -129,10 +127,8 @@ def incumbent_bits(static: StaticFeatures, x: np.ndarray) -> np.ndarray:
   return np.pad(bits, ((0, 0), (0, static.max_bits - bits.shape[1])))
 
 
-def graph_at(static: StaticFeatures, x: np.ndarray, released: np.ndarray | None = None
-             ) -> Graph:
-  """The unpadded graph of the instance at incumbent `x` (and a neighbourhood's released
-  variables, for the branching network)."""
+def graph_at(static: StaticFeatures, x: np.ndarray) -> Graph:
+  """The unpadded graph of the instance at incumbent `x`."""
   mip = static.mip
   x = np.asarray(x, float)
   lower, upper = mip.col_lower, mip.col_upper
@@ -140,8 +136,7 @@ def graph_at(static: StaticFeatures, x: np.ndarray, released: np.ndarray | None 
   at_bound = (np.abs(x - lower) < 1e-6) | (np.abs(x - upper) < 1e-6)
   variables = np.concatenate([
       static.variables,
-      np.stack([share, np.abs(share - static.variables[:, 5]), at_bound,
-                np.zeros(mip.num_cols) if released is None else released], axis=1)],
+      np.stack([share, np.abs(share - static.variables[:, 5]), at_bound], axis=1)],
       axis=1).astype(np.float32)
   activity = mip.activity(x)
   slack = np.where(np.isfinite(mip.row_lower), activity - mip.row_lower,
@@ -168,15 +163,6 @@ def graph_at(static: StaticFeatures, x: np.ndarray, released: np.ndarray | None 
       var_obj=(mip.c / cost_scale).astype(np.float32)[:, None],
       con_obj=np.tanh(static.con_rhs / static.con_scale).astype(np.float32)[:, None],
       var_mask=np.ones(mip.num_cols, bool), con_mask=np.ones(mip.num_rows, bool))
-
-
-def with_released(graph: Graph, released: np.ndarray) -> Graph:
-  """`graph` (padded or not) with the branching network's input: the neighbourhood's released
-  variables. Everything else is the destroy network's graph at the same incumbent."""
-  variables = graph.variables.copy()
-  variables[:, RELEASED] = 0.0
-  variables[:released.shape[0], RELEASED] = released
-  return graph._replace(variables=variables)
 
 
 def bucket_of(graph: Graph) -> tuple[int, int, int]:

@@ -9,8 +9,9 @@ building the model, the first solution, the LP relaxation, features, the policy 
 
 Methods (`METHODS`): `scip` and `highs` alone; `random_lns` (whole variables uniformly at
 random, the same budget); `btbs` (learned destroy on bits + branching); `btbs_no_bt` (a destroy
-policy trained and acting on whole variables, with btbs's branching network);
-`btbs_no_branch` (btbs's destroy policy alone).
+policy trained and acting on whole variables, with a branch head trained the same way on it);
+`btbs_no_branch` (btbs's destroy policy alone). The branching head reads its destroy
+network's embeddings, computed once per incumbent.
 """
 from __future__ import annotations
 
@@ -31,9 +32,10 @@ from jaxlab.methods.btbs_lns import tightening
 
 METHODS = ("scip", "highs", "random_lns", "btbs", "btbs_no_bt", "btbs_no_branch")
 LEARNED = ("btbs", "btbs_no_bt", "btbs_no_branch")
-# (destroy parameters, whole variables only, branch parameters) of each learned method.
+# (destroy parameters, whole variables only, branch parameters) of each learned method; the
+# branch parameters are the destroy network's with a trained branch head.
 ARMS = {"btbs": ("destroy_bt", False, "branch"),
-        "btbs_no_bt": ("destroy_whole", True, "branch"),
+        "btbs_no_bt": ("destroy_whole", True, "branch_whole"),
         "btbs_no_branch": ("destroy_bt", False, None)}
 MIN_STEP_S = 0.02    # below this much time left no sub-MIP is started
 
@@ -129,10 +131,13 @@ def run(mip: instances.MIP, method: str, *, time_limit: float | None, spec: LnsS
     destroy_key, whole, branch_key = ARMS[method]
     networks["destroy"] = policy_lib.bind(trained.policy, trained.params[destroy_key])
     if branch_key is not None and spec.branch_share > 0:
+      if not policy_lib.same_trunk(trained.params[destroy_key], trained.params[branch_key]):
+        raise ValueError(f"{method}: the {branch_key!r} parameters were not trained on the "
+                         f"{destroy_key!r} network (their trunks differ)")
       networks["branch"] = policy_lib.bind(trained.policy, trained.params[branch_key])
-  # The destroy network's input is the incumbent's graph, so its scores only change when a
-  # step is accepted; most steps are not, and they reuse them.
-  graph = destroy_scores = None
+  # The trunk reads the incumbent's graph only, so its embeddings and the destroy scores change
+  # only when a step is accepted; most steps are not, and they reuse them.
+  graph = embedding = destroy_scores = None
   steps = 0
   while True:
     remaining = math.inf if time_limit is None else time_limit - elapsed()
@@ -143,12 +148,12 @@ def run(mip: instances.MIP, method: str, *, time_limit: float | None, spec: LnsS
       first_bit = neighbourhood.uniform_release(num_bits, budget, rng)
     else:
       if destroy_scores is None:
-        graph, destroy_scores = scores_at(networks["destroy"], static, x, bucket)
+        graph, embedding, destroy_scores = scores_at(networks["destroy"], static, x, bucket)
       first_bit = neighbourhood.release_from_scores(destroy_scores, num_bits, budget, rng,
                                                     whole=whole)
       if "branch" in networks:
-        first_bit = branch_and_search(networks["branch"], graph, first_bit, num_bits,
-                                      spec.branch_share)
+        first_bit = branch_and_search(networks["branch"], embedding, graph, first_bit,
+                                      num_bits, spec.branch_share)
     lower, upper = neighbourhood.bounds(mip, x, first_bit, num_bits)
     timing.policy_s += time.perf_counter() - tic
     remaining = math.inf if time_limit is None else time_limit - elapsed()
@@ -169,30 +174,32 @@ def run(mip: instances.MIP, method: str, *, time_limit: float | None, spec: LnsS
   return solvers.Run(best, x, trace, "lns", steps)
 
 
-def scores_at(network: policy_lib.Network, static: features.StaticFeatures, x: np.ndarray,
-              bucket) -> tuple[features.Graph, np.ndarray]:
-  """(the padded graph at incumbent `x`, the destroy network's scores [n, D] on it)."""
+def scores_at(network: policy_lib.Bound, static: features.StaticFeatures, x: np.ndarray,
+              bucket) -> tuple[features.Graph, jax.Array, np.ndarray]:
+  """(the padded graph at incumbent `x`, the trunk's embeddings on it (on the device), the
+  destroy scores [n, D])."""
   graph = features.pad(features.graph_at(static, x), bucket)
-  destroy, _ = jax.device_get(network(graph))
-  return graph, destroy
+  embedding, destroy = network.destroy(graph)
+  return graph, embedding, jax.device_get(destroy)
 
 
-def sample_release(network: policy_lib.Network, static: features.StaticFeatures,
+def sample_release(network: policy_lib.Bound, static: features.StaticFeatures,
                    x: np.ndarray, bucket, budget: int, rng: np.random.Generator | None, *,
                    whole: bool = False) -> tuple[np.ndarray, features.Graph]:
   """(first_bit, the padded graph it was sampled on): one destroy step of a network at `x`."""
-  graph, destroy = scores_at(network, static, x, bucket)
+  graph, _, destroy = scores_at(network, static, x, bucket)
   return neighbourhood.release_from_scores(destroy, static.num_bits, budget, rng,
                                            whole=whole), graph
 
 
-def branch_and_search(network: policy_lib.Network, graph: features.Graph,
+def branch_and_search(network: policy_lib.Bound, embedding: jax.Array, graph: features.Graph,
                       first_bit: np.ndarray, num_bits: np.ndarray, share: float) -> np.ndarray:
-  """The branching network scores the fixed variables given the destroy step's neighbourhood
-  (`graph`: the padded graph at the incumbent); the top `share` x (released variables) of them
-  are released whole as well."""
-  released = first_bit < num_bits
-  _, branch = jax.device_get(network(features.with_released(graph, released)))
+  """The branch head scores the fixed variables from the trunk's `embedding` of `graph` (the
+  padded graph at the incumbent) and the destroy step's neighbourhood; the top `share` x
+  (released variables) of them are released whole as well."""
+  released = np.zeros(graph.variables.shape[0], bool)
+  released[:num_bits.shape[0]] = first_bit < num_bits
+  branch = jax.device_get(network.branch(embedding, graph, released))
   first_bit, _ = neighbourhood.add_branching(first_bit, num_bits, branch,
                                              int(round(share * int(released.sum()))))
   return first_bit

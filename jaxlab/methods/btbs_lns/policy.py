@@ -7,12 +7,20 @@ objective -> {variables, constraints}; every update is residual and layer-normed
 * destroy: a logit per virtual variable (bit) from the variable's embedding and the bit's
   features; binarized tightening releases a variable from its chosen bit on, and the ablation
   without it reads only bit 0 (the whole variable);
-* branch: a logit per variable, "should this fixed variable have been released?"
+* branch: a logit per variable, "should this fixed variable have been released?", from the
+  variable's embedding and the destroy step's neighbourhood: whether the variable is released,
+  and the mean and largest share of released variables among the constraints it appears in.
 
-`Policy` holds the network's graph definition; `logits(policy, params, graph)` is the pure
-function of (parameters, padded graph) that training differentiates, and `bind(policy, params)`
-the jitted `graph -> logits` the LNS loop calls every step; it compiles once per size bucket
-(`chex.assert_max_traces` guards this in the tests).
+The trunk (embeddings and rounds) reads the incumbent's graph only. The neighbourhood enters at
+the branch head alone, so the LNS loop runs the trunk once per incumbent and the branch head,
+a small MLP after one scalar message pass, every step. Branching parameters are a destroy
+network's with a trained branch head (`same_trunk` checks the pairing).
+
+`Policy` holds the network's graph definition; `logits(policy, params, graph, released)` is the
+pure function of (parameters, padded graph, neighbourhood) that training differentiates, and
+`bind(policy, params)` the jitted `destroy(graph) -> (embedding, scores)` and
+`branch(embedding, graph, released) -> scores` the LNS loop calls; each compiles once per size
+bucket (`chex.assert_max_traces` guards this in the tests).
 """
 from __future__ import annotations
 
@@ -24,6 +32,7 @@ import chex
 from flax import nnx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxlab.methods.btbs_lns import features
 from jaxlab.zoo import graph as graph_zoo
@@ -74,8 +83,27 @@ class _Round(nnx.Module):
     return v, c, o
 
 
+BRANCH_FEATURES = 3     # released, mean and largest released share of the variable's rows
+
+
+def released_context(g: features.Graph, released: jax.Array) -> jax.Array:
+  """[N, BRANCH_FEATURES]: whether each variable is released, and the mean and the largest share
+  of released variables over the constraints it appears in (0 without constraints)."""
+  num_vars, num_cons = g.variables.shape[0], g.constraints.shape[0]
+  edge = g.edge_mask.astype(jnp.float32)
+  released = released.astype(jnp.float32) * g.var_mask
+  row_size = jax.ops.segment_sum(edge, g.edge_con, num_cons)
+  row_share = jax.ops.segment_sum(released[g.edge_var] * edge, g.edge_con, num_cons) \
+      / jnp.maximum(row_size, 1.0)
+  per_edge = row_share[g.edge_con] * edge
+  degree = jax.ops.segment_sum(edge, g.edge_var, num_vars)
+  mean = jax.ops.segment_sum(per_edge, g.edge_var, num_vars) / jnp.maximum(degree, 1.0)
+  largest = jnp.maximum(jax.ops.segment_max(per_edge, g.edge_var, num_vars), 0.0)
+  return jnp.stack([released, mean, largest], axis=1)
+
+
 class TripartiteNet(nnx.Module):
-  """Padded graph -> (destroy logits [N, D], branch logits [N])."""
+  """Padded graph (and a neighbourhood) -> (destroy logits [N, D], branch logits [N])."""
 
   def __init__(self, spec: PolicySpec, *, rngs: nnx.Rngs):
     width = spec.width
@@ -89,20 +117,32 @@ class TripartiteNet(nnx.Module):
     self.rounds = nnx.List([_Round(width, spec.num_heads, rngs) for _ in range(spec.rounds)])
     self.destroy_head = mlp.MLP([width + features.BIT_FEATURES, width, 1], activation="relu",
                                 rngs=rngs)
-    self.branch_head = mlp.MLP([width, width, 1], activation="relu", rngs=rngs)
+    self.branch_head = mlp.MLP([width + BRANCH_FEATURES, width, 1], activation="relu",
+                               rngs=rngs)
 
-  def __call__(self, g: features.Graph) -> tuple[jax.Array, jax.Array]:
+  def trunk(self, g: features.Graph) -> jax.Array:
+    """[N, width] variable embeddings at the graph's incumbent."""
     chex.assert_rank(g.variables, 2)
     v, c, o = self.embed_var(g.variables), self.embed_con(g.constraints), \
         self.embed_obj(g.objective)
     for block in self.rounds:
       v, c, o = block(v, c, o, g)
+    return v
+
+  def destroy(self, v: jax.Array, g: features.Graph) -> jax.Array:
     depth = g.bits.shape[1]
     per_bit = jnp.concatenate([jnp.broadcast_to(v[:, None], (v.shape[0], depth, v.shape[1])),
                                g.bits], axis=-1)
-    destroy = self.destroy_head(per_bit)[..., 0]
-    branch = self.branch_head(v)[:, 0]
-    return destroy, branch
+    return self.destroy_head(per_bit)[..., 0]
+
+  def branch(self, v: jax.Array, g: features.Graph, released: jax.Array) -> jax.Array:
+    return self.branch_head(jnp.concatenate([v, released_context(g, released)], axis=1))[:, 0]
+
+  def __call__(self, g: features.Graph, released: jax.Array, *, frozen_trunk: bool = False
+               ) -> tuple[jax.Array, jax.Array]:
+    v = self.trunk(g)
+    branch_input = jax.lax.stop_gradient(v) if frozen_trunk else v
+    return self.destroy(v, g), self.branch(branch_input, g, released)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,31 +161,79 @@ class Policy:
     return nnx.split(TripartiteNet(self.spec, rngs=nnx.Rngs(seed)))[1]
 
 
-def logits(policy: Policy, params: nnx.State, graph: features.Graph
-           ) -> tuple[jax.Array, jax.Array]:
-  """(destroy [N, D], branch [N]) of a padded graph; -inf-free, padding entries arbitrary."""
-  return nnx.merge(policy.graphdef, params)(graph)
+def logits(policy: Policy, params: nnx.State, graph: features.Graph, released: jax.Array, *,
+           frozen_trunk: bool = False) -> tuple[jax.Array, jax.Array]:
+  """(destroy [N, D], branch [N]) of a padded graph and neighbourhood (`released` [N]: the
+  variables the destroy step released); padding entries arbitrary. `frozen_trunk`: the branch
+  head's gradient stops at the embeddings (training a branch head on a destroy network)."""
+  return nnx.merge(policy.graphdef, params)(graph, released, frozen_trunk=frozen_trunk)
 
 
-Network = Callable[[features.Graph], tuple[jax.Array, jax.Array]]
+def _destroy_pass(policy, params, graph):
+  net = nnx.merge(policy.graphdef, params)
+  v = net.trunk(graph)
+  return v, net.destroy(v, graph)
+
+
+def destroy_logits(policy: Policy, params: nnx.State, graph: features.Graph) -> jax.Array:
+  """The destroy head's [N, D] logits alone (the branch head not run)."""
+  return _destroy_pass(policy, params, graph)[1]
+
+
+def _branch_pass(policy, params, embedding, graph, released):
+  return nnx.merge(policy.graphdef, params).branch(embedding, graph, released)
 
 
 @functools.lru_cache(maxsize=16)
-def _compiled(policy: Policy, treedef) -> Callable:
-  return jax.jit(lambda leaves, graph: logits(
-      policy, jax.tree_util.tree_unflatten(treedef, leaves), graph))
+def _compiled(policy: Policy, treedef) -> tuple[Callable, Callable]:
+  unflatten = lambda leaves: jax.tree_util.tree_unflatten(treedef, leaves)
+  return (jax.jit(lambda leaves, graph: _destroy_pass(policy, unflatten(leaves), graph)),
+          jax.jit(lambda leaves, embedding, graph, released: _branch_pass(
+              policy, unflatten(leaves), embedding, graph, released)))
 
 
-def bind(policy: Policy, params: nnx.State) -> Network:
-  """`graph -> (destroy, branch)` for fixed parameters, for the LNS loop's per-step calls.
+@dataclasses.dataclass(frozen=True)
+class Bound:
+  """A network with fixed parameters, for the LNS loop's per-step calls.
 
-  The parameters are flattened and placed once. Passing `policy` and the `nnx.State` to a jitted
+  `destroy(graph) -> (embedding [N, width], destroy logits [N, D])` runs the trunk at an
+  incumbent; `branch(embedding, graph, released) -> branch logits [N]` only the branch head on
+  those embeddings. Both are jitted; the embedding stays on the device between them."""
+  destroy: Callable[[features.Graph], tuple[jax.Array, jax.Array]]
+  branch: Callable[[jax.Array, features.Graph, np.ndarray], jax.Array]
+
+
+def bind(policy: Policy, params: nnx.State) -> Bound:
+  """`params` flattened and placed once. Passing `policy` and the `nnx.State` to a jitted
   function on every call would hash the graph definition (0.6 ms) and flatten the state (0.1 ms)
   each time: a third of a quick-size forward pass."""
   leaves, treedef = jax.tree_util.tree_flatten(params)
-  return functools.partial(_compiled(policy, treedef), jax.device_put(leaves))
+  destroy, branch = _compiled(policy, treedef)
+  leaves = jax.device_put(leaves)
+  return Bound(functools.partial(destroy, leaves), functools.partial(branch, leaves))
 
 
-def jitted_logits(policy: Policy, params: nnx.State, graph: features.Graph):
-  """`logits`, compiled once per size bucket (a one-off call; loops `bind` once)."""
-  return bind(policy, params)(graph)
+def jitted_logits(policy: Policy, params: nnx.State, graph: features.Graph,
+                  released: np.ndarray | None = None) -> tuple[jax.Array, jax.Array]:
+  """`logits` through the jitted passes (one-off calls; loops `bind` once); `released` defaults
+  to an empty neighbourhood."""
+  network = bind(policy, params)
+  embedding, destroy = network.destroy(graph)
+  if released is None:
+    released = np.zeros(graph.variables.shape[0], bool)
+  return destroy, network.branch(embedding, graph, released)
+
+
+def _is_trunk(path) -> bool:
+  return "branch_head" not in jax.tree_util.keystr(path)
+
+
+def same_trunk(params: nnx.State, other: nnx.State) -> bool:
+  """Whether two parameter sets differ at most in the branch head (a destroy network and the
+  branching parameters trained on it)."""
+  leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+  others = jax.tree_util.tree_flatten_with_path(other)[0]
+  if [jax.tree_util.keystr(p) for p, _ in leaves] != [jax.tree_util.keystr(p) for p, _ in others]:
+    return False
+  return all(np.array_equal(np.asarray(a), np.asarray(b))
+             for (path, a), (_, b) in zip(leaves, others) if _is_trunk(path))

@@ -112,7 +112,7 @@ def surrogate_loss(destroy_logits: jax.Array, events: jax.Array, masks: jax.Arra
 def _step(policy: policy_lib.Policy, optimizer, params, opt_state, graphs, events, masks,
           advantages):
   def loss_fn(p):
-    destroy, _ = jax.vmap(lambda g: policy_lib.logits(policy, p, g))(graphs)
+    destroy = jax.vmap(lambda g: policy_lib.destroy_logits(policy, p, g))(graphs)
     return surrogate_loss(destroy, events, masks, advantages)
 
   loss, grads = jax.value_and_grad(loss_fn)(params)

@@ -13,8 +13,10 @@ then moves to the LB solution. An LB step that finds nothing better ends the tra
 * Branch targets (`branch_targets`): the fixed variables of the policy's own neighbourhood at the
   state that change in the LB solution (the "wrongly fixed" variables).
 
-`fit` trains one network's head by class-weighted binary cross-entropy (positives weighted by
-negatives / positives, capped) with Adam, minibatches of same-bucket graphs, one compiled step.
+`fit` trains by class-weighted binary cross-entropy (positives weighted by negatives /
+positives, capped) with Adam, minibatches of same-bucket graphs, one compiled step: the destroy
+head with the whole network, or the branch head alone on a trained destroy network (the trunk's
+gradient is stopped, so its parameters, and the destroy head's, stay as they were).
 """
 from __future__ import annotations
 
@@ -127,25 +129,32 @@ def _pad_rows(array: np.ndarray, rows: int) -> np.ndarray:
   return np.pad(array, [(0, rows - array.shape[0])] + [(0, 0)] * (array.ndim - 1))
 
 
-def destroy_dataset(samples: list[Sample], bucket, whole: bool):
-  graphs, labels, masks = [], [], []
-  for sample in samples:
+def _dataset(samples: list[Sample], bucket, targets, neighbourhoods=None):
+  """(graphs, released [B, N], labels, masks): `targets(sample, first_bit)` gives the labels."""
+  graphs, released, labels, masks = [], [], [], []
+  for index, sample in enumerate(samples):
     graphs.append(features.pad(features.graph_at(sample.static, sample.x), bucket))
-    label, mask = destroy_targets(sample, whole)
+    first_bit = None if neighbourhoods is None else neighbourhoods[index]
+    chosen = (np.zeros(sample.x.shape[0], bool) if first_bit is None
+              else first_bit < sample.static.num_bits)
+    released.append(_pad_rows(chosen, bucket[0]))
+    label, mask = targets(sample, first_bit)
     labels.append(_pad_rows(label, bucket[0]))
     masks.append(_pad_rows(mask, bucket[0]))
-  return features.stack(graphs), np.stack(labels), np.stack(masks)
+  return features.stack(graphs), np.stack(released), np.stack(labels), np.stack(masks)
+
+
+def destroy_dataset(samples: list[Sample], bucket, whole: bool):
+  """The destroy head's (graphs, released (none), labels, masks)."""
+  return _dataset(samples, bucket, lambda sample, _: destroy_targets(sample, whole))
 
 
 def branch_dataset(samples: list[Sample], bucket, neighbourhoods: list[np.ndarray]):
-  graphs, labels, masks = [], [], []
-  for sample, first_bit in zip(samples, neighbourhoods):
-    released = first_bit < sample.static.num_bits
-    graphs.append(features.pad(features.graph_at(sample.static, sample.x, released), bucket))
-    label, mask = branch_targets(sample, first_bit)
-    labels.append(_pad_rows(label, bucket[0]))
-    masks.append(_pad_rows(mask, bucket[0]))
-  return features.stack(graphs), np.stack(labels), np.stack(masks)
+  """The branch head's (graphs, released, labels, masks): each state with the destroy policy's
+  neighbourhood there (`first_bit` per sample)."""
+  if len(neighbourhoods) != len(samples):
+    raise ValueError(f"{len(samples)} samples but {len(neighbourhoods)} neighbourhoods")
+  return _dataset(samples, bucket, branch_targets, neighbourhoods)
 
 
 def weighted_bce(logits: jax.Array, labels: jax.Array, mask: jax.Array) -> jax.Array:
@@ -167,9 +176,10 @@ def adam_for(learning_rate: float) -> optax.GradientTransformation:
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2), donate_argnums=(3, 4))
 def _train_step(policy: policy_lib.Policy, head: str, optimizer, params, opt_state, graphs,
-                labels, masks):
+                released, labels, masks):
   def loss_fn(p):
-    destroy, branch = jax.vmap(lambda g: policy_lib.logits(policy, p, g))(graphs)
+    destroy, branch = jax.vmap(lambda g, r: policy_lib.logits(
+        policy, p, g, r, frozen_trunk=head == "branch"))(graphs, released)
     return weighted_bce(destroy if head == "destroy" else branch, labels, masks)
 
   loss, grads = jax.value_and_grad(loss_fn)(params)
@@ -179,13 +189,17 @@ def _train_step(policy: policy_lib.Policy, head: str, optimizer, params, opt_sta
 
 def fit(policy: policy_lib.Policy, params, dataset, head: str, spec: FitSpec, *, seed: int = 0,
         progress: bool = True, desc: str = "fit") -> tuple[object, list[float]]:
-  """Trains `head` ("destroy" or "branch") of `params` on (graphs, labels, masks)."""
+  """Trains `head` of `params` on (graphs, released, labels, masks): "destroy" the network, or
+  "branch" the branch head alone (`params` a trained destroy network's)."""
   if head not in ("destroy", "branch"):
     raise ValueError(f"head must be 'destroy' or 'branch', got {head!r}")
-  graphs, labels, masks = dataset
+  graphs, released, labels, masks = dataset
   size = labels.shape[0]
   if size == 0:
     raise ValueError("no labelled states to train on (every LB step failed to improve)")
+  # The step donates its parameters; the caller's (a destroy network a branch head starts
+  # from) must survive.
+  params = jax.tree.map(jnp.copy, params)
   optimizer = adam_for(float(spec.learning_rate))
   opt_state = optimizer.init(params)
   rng = np.random.default_rng(seed)
@@ -194,7 +208,7 @@ def fit(policy: policy_lib.Policy, params, dataset, head: str, spec: FitSpec, *,
     index = rng.choice(size, min(spec.batch_size, size), replace=False)
     batch = jax.tree.map(lambda a: a[index], graphs)
     params, opt_state, loss = _train_step(policy, head, optimizer, params, opt_state, batch,
-                                          labels[index], masks[index])
+                                          released[index], labels[index], masks[index])
     if step % 10 == 0 or step == spec.steps - 1:
       losses.append(float(loss))
   return params, losses

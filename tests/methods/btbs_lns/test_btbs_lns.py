@@ -132,7 +132,8 @@ def test_policy_is_permutation_equivariant_and_padding_inert():
   mip = instances.generate("intcover", 0, num_rows=12, num_cols=20, density=0.3)
   graph = graph_of(mip)
   policy, params = policy_lib.Policy.create(policy_lib.PolicySpec(width=8, num_heads=2))
-  destroy, branch = policy_lib.jitted_logits(policy, params, graph)
+  released = np.arange(20) % 3 == 0
+  destroy, branch = policy_lib.jitted_logits(policy, params, graph, released)
   # Permuted variables and constraints.
   rng = np.random.default_rng(0)
   pv, pc = rng.permutation(20), rng.permutation(12)
@@ -143,43 +144,81 @@ def test_policy_is_permutation_equivariant_and_padding_inert():
       constraints=graph.constraints[pc], con_obj=graph.con_obj[pc], con_mask=graph.con_mask[pc],
       edge_var=inverse_v[graph.edge_var].astype(np.int32),
       edge_con=inverse_c[graph.edge_con].astype(np.int32))
-  destroy_p, branch_p = policy_lib.jitted_logits(policy, params, permuted)
+  destroy_p, branch_p = policy_lib.jitted_logits(policy, params, permuted, released[pv])
   np.testing.assert_allclose(np.asarray(destroy_p), np.asarray(destroy)[pv], atol=1e-5)
   np.testing.assert_allclose(np.asarray(branch_p), np.asarray(branch)[pv], atol=1e-5)
   # Padding to a larger bucket changes no real node's output.
   padded = features.pad(graph, (64, 32, 512))
-  destroy_pad, branch_pad = policy_lib.jitted_logits(policy, params, padded)
+  destroy_pad, branch_pad = policy_lib.jitted_logits(policy, params, padded,
+                                                     np.pad(released, (0, 44)))
   np.testing.assert_allclose(np.asarray(destroy_pad)[:20], np.asarray(destroy), atol=1e-5)
   np.testing.assert_allclose(np.asarray(branch_pad)[:20], np.asarray(branch), atol=1e-5)
+  # The neighbourhood reaches the branch head only.
+  destroy_none, branch_none = policy_lib.jitted_logits(policy, params, graph)
+  np.testing.assert_array_equal(np.asarray(destroy_none), np.asarray(destroy))
+  assert not np.allclose(np.asarray(branch_none), np.asarray(branch))
 
 
-def test_branching_graph_is_the_destroy_graph_with_the_released_column():
+def test_released_context_counts_each_rows_released_share():
   mip = instances.generate("intcover", 0, num_rows=12, num_cols=20, density=0.3)
+  graph = features.pad(graph_of(mip), (32, 16, 256))
+  released = np.zeros(32, bool)
+  released[:20] = np.arange(20) % 3 == 0
+  released[25] = True        # a padding variable: masked out
+  context = np.asarray(policy_lib.released_context(graph, released))
+  dense = np.zeros((12, 20))
+  dense[np.repeat(np.arange(12), np.diff(mip.indptr)), mip.indices] = 1.0
+  row_share = dense @ released[:20] / dense.sum(1)
+  shares = np.where(dense > 0, row_share[:, None], np.nan)
+  np.testing.assert_allclose(context[:20, 0], released[:20])
+  np.testing.assert_allclose(context[:20, 1], np.nanmean(shares, axis=0), rtol=1e-6)
+  np.testing.assert_allclose(context[:20, 2], np.nanmax(shares, axis=0), rtol=1e-6)
+  np.testing.assert_array_equal(context[20:, 0], 0.0)
+
+
+def test_branch_head_training_keeps_the_destroy_network():
+  mip = small_integer_mip(3)
   static = features.StaticFeatures.of(mip, solvers.lp_relaxation(mip), 8)
-  x = instances.known_feasible_point(mip, "intcover")
-  released = np.arange(20) % 3 == 0
-  bucket = (32, 16, 256)
-  direct = features.pad(features.graph_at(static, x, released), bucket)
-  derived = features.with_released(features.pad(features.graph_at(static, x), bucket), released)
-  for name, a, b in zip(features.Graph._fields, direct, derived):
-    np.testing.assert_array_equal(a, b, err_msg=name)
+  target = static.num_bits.copy()
+  target[::4] = 0
+  samples = [training.Sample(static, np.rint(mip.col_upper), target)]
+  bucket = training.bucket_of_samples(samples)
+  policy, destroy = policy_lib.Policy.create(policy_lib.PolicySpec(width=8, num_heads=2))
+  first_bit = np.where(np.arange(static.num_bits.shape[0]) % 2 == 0, 0, static.num_bits)
+  dataset = training.branch_dataset(samples, bucket, [first_bit])
+  branch, losses = training.fit(policy, destroy, dataset, "branch",
+                                training.FitSpec(steps=11, batch_size=1), progress=False)
+  assert losses[-1] < losses[0]
+  assert policy_lib.same_trunk(destroy, branch)
+  changed = [path for (path, a), (_, b) in zip(jax.tree_util.tree_flatten_with_path(destroy)[0],
+                                               jax.tree_util.tree_flatten_with_path(branch)[0])
+             if not np.array_equal(a, b)]
+  assert changed and all("branch_head" in jax.tree_util.keystr(p) for p in changed)
+  assert not policy_lib.same_trunk(destroy, policy.init(1))
+  trained = lns.Trained(policy, {"destroy_bt": destroy, "branch": policy.init(1)})
+  with pytest.raises(ValueError, match="trunks differ"):
+    lns.run(mip, "btbs", time_limit=None, trained=trained,
+            spec=lns.LnsSpec(sub_node_limit=NODES, max_steps=1))
 
 
-def test_lns_loop_runs_the_destroy_network_only_when_the_incumbent_changes(monkeypatch):
+def test_lns_loop_runs_the_trunk_only_when_the_incumbent_changes(monkeypatch):
   mip = small_integer_mip(3)
   policy, params = policy_lib.Policy.create(policy_lib.PolicySpec(width=8, num_heads=2))
-  trained = lns.Trained(policy, {"destroy_bt": params, "branch": policy.init(1)})
+  trained = lns.Trained(policy, {"destroy_bt": params, "branch": params})
   calls = {"destroy": 0, "branch": 0}
   bind = policy_lib.bind
 
   def counting_bind(policy_, params_):
     network = bind(policy_, params_)
-    kind = "destroy" if params_ is trained.params["destroy_bt"] else "branch"
 
-    def counted(graph):
-      calls[kind] += 1
-      return network(graph)
-    return counted
+    def destroy(graph):
+      calls["destroy"] += 1
+      return network.destroy(graph)
+
+    def branch(*args):
+      calls["branch"] += 1
+      return network.branch(*args)
+    return policy_lib.Bound(destroy, branch)
 
   monkeypatch.setattr(policy_lib, "bind", counting_bind)
   run = lns.run(mip, "btbs", time_limit=None, trained=trained,
@@ -230,7 +269,7 @@ def test_solve_from_mps_is_feasible_with_c_dot_x(tmp_path):
   mip.write_mps(path)
   policy, params = policy_lib.Policy.create(policy_lib.PolicySpec(width=8, num_heads=2))
   trained = lns.Trained(policy, {"destroy_bt": params, "branch": params,
-                                 "destroy_whole": params})
+                                 "destroy_whole": params, "branch_whole": params})
   lns.save_trained(trained, str(tmp_path / "intcover.npz"))
   spec = lns.LnsSpec(sub_node_limit=50, max_steps=3)
   for method in ("btbs", "random_lns", "btbs_no_bt"):
