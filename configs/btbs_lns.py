@@ -4,8 +4,8 @@ ICLR 2025; reconstructed, no code was released).
 COMMAND: python -m experiments.btbs_lns --config=configs/btbs_lns.py:quick
 EXPECTED (quick, 2 CPU cores, about 10 minutes): per family (set cover, combinatorial auction,
 facility location, general-integer multicover) local-branching labels on 4 training instances,
-three tripartite attention GNNs trained by imitation (destroy on bits, destroy on whole
-variables, branching), then 6 s runs of scip, highs, random_lns, btbs, btbs_no_bt and
+two tripartite attention GNNs trained by imitation (destroy on bits, destroy on whole
+variables) and a branching head on each, then 6 s runs of scip, highs, random_lns, btbs, btbs_no_bt and
 btbs_no_branch on 2 test instances; primal gap and primal integral per method to
 results/btbs_lns.json, the trained btbs policies to results/btbs_lns_policies/<family>.npz.
 

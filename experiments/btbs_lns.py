@@ -182,7 +182,8 @@ def train_family(family: str, s: Settings, stages: str, seed: int, progress: boo
         s.fit, seed=seed, progress=progress, desc=f"{family} {key}")
   changed = [int(np.sum(x.target_bit < x.static.num_bits)) for x in samples]
   info.update({"labelled_states": len(samples), "changed_per_state": float(np.mean(changed)),
-               "label_s": label_s, "fit_s": time.perf_counter() - tic,
+               "label_s": label_s,
+               "fit_s": time.perf_counter() - tic - info.get("reinforce", {}).get("s", 0.0),
                "loss_first": {k: v[0] for k, v in losses.items()},
                "loss_last": {k: v[-1] for k, v in losses.items()}, "bucket": list(bucket)})
   lns.save_trained(trained, policy_path)

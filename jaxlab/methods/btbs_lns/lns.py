@@ -176,9 +176,9 @@ def run(mip: instances.MIP, method: str, *, time_limit: float | None, spec: LnsS
 
 def scores_at(network: policy_lib.Bound, static: features.StaticFeatures, x: np.ndarray,
               bucket) -> tuple[features.Graph, jax.Array, np.ndarray]:
-  """(the padded graph at incumbent `x`, the trunk's embeddings on it (on the device), the
-  destroy scores [n, D])."""
-  graph = features.pad(features.graph_at(static, x), bucket)
+  """(the padded graph at incumbent `x` and the trunk's embeddings on it, both on the device
+  for the branch head's calls at this incumbent; the destroy scores [n, D])."""
+  graph = jax.device_put(features.pad(features.graph_at(static, x), bucket))
   embedding, destroy = network.destroy(graph)
   return graph, embedding, jax.device_get(destroy)
 
