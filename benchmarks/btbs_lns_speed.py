@@ -4,7 +4,7 @@
 
 Per family of the preset (its instance sizes): building the graph at an incumbent (NumPy), one
 jitted trunk and destroy head pass (warm; the graph padded to its bucket, once per incumbent), one
-branch head pass on its embeddings (every btbs step), and one LNS run of each learned
+host branch head call on its embeddings (every btbs step), and one LNS run of each learned
 method and random LNS under the preset's wall clock, split into setup (model, first solution,
 LP relaxation), policy (features, GNN, neighbourhood) and SCIP time, with LNS steps per second.
 The issue's target: the policy under 10% of a step. Learned methods use the committed policy
@@ -21,6 +21,7 @@ import numpy as np
 from benchmarks.common import brief_mark, cut, machine, preset_command_line, publish, time_call, writes_results
 from experiments import btbs_lns as btbs_experiment
 from jaxlab.methods.btbs_lns import features
+from jaxlab.methods.btbs_lns import host_branch
 from jaxlab.methods.btbs_lns import instances
 from jaxlab.methods.btbs_lns import lns
 from jaxlab.methods.btbs_lns import policy as policy_lib
@@ -67,10 +68,12 @@ def main() -> None:
                       repeats=cut(args, 20, 2))
     graph = features.pad(features.graph_at(static, x))
     network = policy_lib.bind(trained.policy, trained.params["destroy_bt"])
-    forward = time_call(lambda: network.destroy(graph), repeats=cut(args, 20, 2))
-    embedding = network.destroy(graph)[0]
+    forward = time_call(lambda: network(graph), repeats=cut(args, 20, 2))
+    head = host_branch.BranchHead.of(policy_lib.network(trained.policy, trained.params["branch"]))
+    prepared = head.prepare(jax.device_get(network(graph)[0]))
+    incidence = host_branch.Incidence.of(graph)
     released = np.arange(graph.variables.shape[0]) % 5 == 0
-    branch = time_call(lambda: network.branch(embedding, graph, released),
+    branch = time_call(lambda: head.logits(prepared, incidence, released),
                        repeats=cut(args, 20, 2))
     size = f"{mip.num_cols} x {mip.num_rows}, {len(mip.data)}"
     for method in ("random_lns", "btbs", "btbs_no_bt", "btbs_no_branch"):

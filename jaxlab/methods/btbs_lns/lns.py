@@ -11,7 +11,7 @@ Methods (`METHODS`): `scip` and `highs` alone; `random_lns` (whole variables uni
 random, the same budget); `btbs` (learned destroy on bits + branching); `btbs_no_bt` (a destroy
 policy trained and acting on whole variables, with a branch head trained the same way on it);
 `btbs_no_branch` (btbs's destroy policy alone). The branching head reads its destroy
-network's embeddings, computed once per incumbent.
+network's embeddings, computed once per incumbent, and runs on the host (`host_branch`).
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import jax
 import numpy as np
 
 from jaxlab.methods.btbs_lns import features
+from jaxlab.methods.btbs_lns import host_branch
 from jaxlab.methods.btbs_lns import instances
 from jaxlab.methods.btbs_lns import neighbourhood
 from jaxlab.methods.btbs_lns import policy as policy_lib
@@ -126,18 +127,20 @@ def run(mip: instances.MIP, method: str, *, time_limit: float | None, spec: LnsS
     num_bits = np.where(integer, _bits(mip, integer), 0)
   budget = neighbourhood.budget_of(num_bits, spec.destroy_rate)
   timing.setup_s += elapsed()
-  networks = {}
+  destroy_network = branch_head = incidence = None
   if method in LEARNED:
     destroy_key, whole, branch_key = ARMS[method]
-    networks["destroy"] = policy_lib.bind(trained.policy, trained.params[destroy_key])
+    destroy_network = policy_lib.bind(trained.policy, trained.params[destroy_key])
     if branch_key is not None and spec.branch_share > 0:
       if not policy_lib.same_trunk(trained.params[destroy_key], trained.params[branch_key]):
         raise ValueError(f"{method}: the {branch_key!r} parameters were not trained on the "
                          f"{destroy_key!r} network (their trunks differ)")
-      networks["branch"] = policy_lib.bind(trained.policy, trained.params[branch_key])
-  # The trunk reads the incumbent's graph only, so its embeddings and the destroy scores change
-  # only when a step is accepted; most steps are not, and they reuse them.
-  graph = embedding = destroy_scores = None
+      branch_head = host_branch.BranchHead.of(
+          policy_lib.network(trained.policy, trained.params[branch_key]))
+  # The trunk reads the incumbent's graph only, so its embeddings, the destroy scores and the
+  # branch head's first-layer product change only when a step is accepted; most steps are not,
+  # and they reuse them.
+  destroy_scores = prepared = None
   steps = 0
   while True:
     remaining = math.inf if time_limit is None else time_limit - elapsed()
@@ -148,12 +151,16 @@ def run(mip: instances.MIP, method: str, *, time_limit: float | None, spec: LnsS
       first_bit = neighbourhood.uniform_release(num_bits, budget, rng)
     else:
       if destroy_scores is None:
-        graph, embedding, destroy_scores = scores_at(networks["destroy"], static, x, bucket)
+        graph, embedding, destroy_scores = scores_at(destroy_network, static, x, bucket)
+        if branch_head is not None:
+          if incidence is None:      # the instance's edges: the same at every incumbent
+            incidence = host_branch.Incidence.of(graph)
+          prepared = branch_head.prepare(jax.device_get(embedding))
       first_bit = neighbourhood.release_from_scores(destroy_scores, num_bits, budget, rng,
                                                     whole=whole)
-      if "branch" in networks:
-        first_bit = branch_and_search(networks["branch"], embedding, graph, first_bit,
-                                      num_bits, spec.branch_share)
+      if branch_head is not None:
+        first_bit = branch_and_search(branch_head, prepared, incidence, first_bit, num_bits,
+                                      spec.branch_share)
     lower, upper = neighbourhood.bounds(mip, x, first_bit, num_bits)
     timing.policy_s += time.perf_counter() - tic
     remaining = math.inf if time_limit is None else time_limit - elapsed()
@@ -174,16 +181,16 @@ def run(mip: instances.MIP, method: str, *, time_limit: float | None, spec: LnsS
   return solvers.Run(best, x, trace, "lns", steps)
 
 
-def scores_at(network: policy_lib.Bound, static: features.StaticFeatures, x: np.ndarray,
+def scores_at(network: policy_lib.Network, static: features.StaticFeatures, x: np.ndarray,
               bucket) -> tuple[features.Graph, jax.Array, np.ndarray]:
-  """(the padded graph at incumbent `x` and the trunk's embeddings on it, both on the device
-  for the branch head's calls at this incumbent; the destroy scores [n, D])."""
-  graph = jax.device_put(features.pad(features.graph_at(static, x), bucket))
-  embedding, destroy = network.destroy(graph)
+  """(the padded graph at incumbent `x`, the trunk's embeddings on it (on the device), the
+  destroy scores [n, D])."""
+  graph = features.pad(features.graph_at(static, x), bucket)
+  embedding, destroy = network(graph)
   return graph, embedding, jax.device_get(destroy)
 
 
-def sample_release(network: policy_lib.Bound, static: features.StaticFeatures,
+def sample_release(network: policy_lib.Network, static: features.StaticFeatures,
                    x: np.ndarray, bucket, budget: int, rng: np.random.Generator | None, *,
                    whole: bool = False) -> tuple[np.ndarray, features.Graph]:
   """(first_bit, the padded graph it was sampled on): one destroy step of a network at `x`."""
@@ -192,14 +199,15 @@ def sample_release(network: policy_lib.Bound, static: features.StaticFeatures,
                                            whole=whole), graph
 
 
-def branch_and_search(network: policy_lib.Bound, embedding: jax.Array, graph: features.Graph,
-                      first_bit: np.ndarray, num_bits: np.ndarray, share: float) -> np.ndarray:
-  """The branch head scores the fixed variables from the trunk's `embedding` of `graph` (the
-  padded graph at the incumbent) and the destroy step's neighbourhood; the top `share` x
+def branch_and_search(head: host_branch.BranchHead, prepared: np.ndarray,
+                      incidence: host_branch.Incidence, first_bit: np.ndarray,
+                      num_bits: np.ndarray, share: float) -> np.ndarray:
+  """The branch head scores the fixed variables given the destroy step's neighbourhood
+  (`prepared`: its first layer's product with the incumbent's embeddings); the top `share` x
   (released variables) of them are released whole as well."""
-  released = np.zeros(graph.variables.shape[0], bool)
+  released = np.zeros(prepared.shape[0], bool)
   released[:num_bits.shape[0]] = first_bit < num_bits
-  branch = jax.device_get(network.branch(embedding, graph, released))
+  branch = head.logits(prepared, incidence, released)
   first_bit, _ = neighbourhood.add_branching(first_bit, num_bits, branch,
                                              int(round(share * int(released.sum()))))
   return first_bit

@@ -18,15 +18,15 @@ network's with a trained branch head (`same_trunk` checks the pairing).
 
 `Policy` holds the network's graph definition; `logits(policy, params, graph, released)` is the
 pure function of (parameters, padded graph, neighbourhood) that training differentiates, and
-`bind(policy, params)` the jitted `destroy(graph) -> (embedding, scores)` and
-`branch(embedding, graph, released) -> scores` the LNS loop calls; each compiles once per size
-bucket (`chex.assert_max_traces` guards this in the tests).
+`bind(policy, params)` the jitted `graph -> (embedding, destroy scores)` the LNS loop calls once
+per incumbent; it compiles once per size bucket (`chex.assert_max_traces` guards this in the
+tests). The loop evaluates the branch head on the host from those embeddings (`host_branch`).
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import chex
 from flax import nnx
@@ -86,20 +86,7 @@ class _Round(nnx.Module):
 BRANCH_FEATURES = 3     # released, mean and largest released share of the variable's rows
 
 
-class Incidence(NamedTuple):
-  """The part of a padded `features.Graph` the branch head's message pass reads."""
-  edge_var: np.ndarray
-  edge_con: np.ndarray
-  edge_mask: np.ndarray
-  var_mask: np.ndarray
-  con_mask: np.ndarray
-
-  @classmethod
-  def of(cls, g: features.Graph) -> "Incidence":
-    return cls(g.edge_var, g.edge_con, g.edge_mask, g.var_mask, g.con_mask)
-
-
-def released_context(g: features.Graph | Incidence, released: jax.Array) -> jax.Array:
+def released_context(g: features.Graph, released: jax.Array) -> jax.Array:
   """[N, BRANCH_FEATURES]: whether each variable is released, and the mean and the largest share
   of released variables over the constraints it appears in (0 without constraints)."""
   num_vars, num_cons = g.var_mask.shape[0], g.con_mask.shape[0]
@@ -113,11 +100,6 @@ def released_context(g: features.Graph | Incidence, released: jax.Array) -> jax.
   mean = jax.ops.segment_sum(per_edge, g.edge_var, num_vars) / jnp.maximum(degree, 1.0)
   largest = jnp.maximum(jax.ops.segment_max(per_edge, g.edge_var, num_vars), 0.0)
   return jnp.stack([released, mean, largest], axis=1)
-
-
-def branch_head_logits(head: nnx.Module, v: jax.Array, g: features.Graph | Incidence,
-                       released: jax.Array) -> jax.Array:
-  return head(jnp.concatenate([v, released_context(g, released)], axis=1))[:, 0]
 
 
 class TripartiteNet(nnx.Module):
@@ -154,7 +136,7 @@ class TripartiteNet(nnx.Module):
     return self.destroy_head(per_bit)[..., 0]
 
   def branch(self, v: jax.Array, g: features.Graph, released: jax.Array) -> jax.Array:
-    return branch_head_logits(self.branch_head, v, g, released)
+    return self.branch_head(jnp.concatenate([v, released_context(g, released)], axis=1))[:, 0]
 
   def __call__(self, g: features.Graph, released: jax.Array, *, frozen_trunk: bool = False
                ) -> tuple[jax.Array, jax.Array]:
@@ -187,8 +169,12 @@ def logits(policy: Policy, params: nnx.State, graph: features.Graph, released: j
   return nnx.merge(policy.graphdef, params)(graph, released, frozen_trunk=frozen_trunk)
 
 
+def network(policy: Policy, params: nnx.State) -> TripartiteNet:
+  return nnx.merge(policy.graphdef, params)
+
+
 def _destroy_pass(policy, params, graph):
-  net = nnx.merge(policy.graphdef, params)
+  net = network(policy, params)
   v = net.trunk(graph)
   return v, net.destroy(v, graph)
 
@@ -198,55 +184,37 @@ def destroy_logits(policy: Policy, params: nnx.State, graph: features.Graph) -> 
   return _destroy_pass(policy, params, graph)[1]
 
 
+# `graph -> (embedding [N, width], destroy logits [N, D])`: the trunk and destroy head at an
+# incumbent, with fixed parameters.
+Network = Callable[[features.Graph], tuple[jax.Array, jax.Array]]
+
+
 @functools.lru_cache(maxsize=16)
-def _compiled_destroy(policy: Policy, treedef) -> Callable:
+def _compiled(policy: Policy, treedef) -> Callable:
   return jax.jit(lambda leaves, graph: _destroy_pass(
       policy, jax.tree_util.tree_unflatten(treedef, leaves), graph))
 
 
-@functools.lru_cache(maxsize=16)
-def _compiled_branch(head_graphdef: nnx.GraphDef, treedef) -> Callable:
-  return jax.jit(lambda leaves, embedding, incidence, released: branch_head_logits(
-      nnx.merge(head_graphdef, jax.tree_util.tree_unflatten(treedef, leaves)), embedding,
-      incidence, released))
-
-
-@dataclasses.dataclass(frozen=True)
-class Bound:
-  """A network with fixed parameters, for the LNS loop's per-step calls.
-
-  `destroy(graph) -> (embedding [N, width], destroy logits [N, D])` runs the trunk at an
-  incumbent; `branch(embedding, graph, released) -> branch logits [N]` only the branch head on
-  those embeddings (pass the graph placed on the device, `jax.device_put`, when calling
-  repeatedly). Both are jitted; the embedding stays on the device between them."""
-  destroy: Callable[[features.Graph], tuple[jax.Array, jax.Array]]
-  branch: Callable[[jax.Array, features.Graph, np.ndarray], jax.Array]
-
-
-def bind(policy: Policy, params: nnx.State) -> Bound:
-  """`params` flattened and placed once. Passing `policy` and the `nnx.State` to a jitted
-  function on every call would hash the graph definition (0.6 ms) and flatten the state (0.1 ms)
-  each time: a third of a quick-size forward pass. The branch pass gets the branch head's
-  parameters and the graph's incidence arrays only, which halves its dispatch cost."""
+def bind(policy: Policy, params: nnx.State) -> Network:
+  """The jitted trunk and destroy head for the LNS loop's calls (the embeddings stay on the
+  device). The parameters are flattened and placed once: passing `policy` and the `nnx.State`
+  to a jitted function on every call would hash the graph definition (0.6 ms) and flatten the
+  state (0.1 ms) each time, a third of a quick-size forward pass. The loop runs the branch head
+  on the host (`host_branch`)."""
   leaves, treedef = jax.tree_util.tree_flatten(params)
-  destroy = functools.partial(_compiled_destroy(policy, treedef), jax.device_put(leaves))
-  head_graphdef, head_params = nnx.split(nnx.merge(policy.graphdef, params).branch_head)
-  head_leaves, head_treedef = jax.tree_util.tree_flatten(head_params)
-  branch_fn = functools.partial(_compiled_branch(head_graphdef, head_treedef),
-                                jax.device_put(head_leaves))
-  return Bound(destroy, lambda embedding, graph, released: branch_fn(
-      embedding, Incidence.of(graph), released))
+  return functools.partial(_compiled(policy, treedef), jax.device_put(leaves))
+
+
+_jitted = jax.jit(logits, static_argnums=0)
 
 
 def jitted_logits(policy: Policy, params: nnx.State, graph: features.Graph,
                   released: np.ndarray | None = None) -> tuple[jax.Array, jax.Array]:
-  """`logits` through the jitted passes (one-off calls; loops `bind` once); `released` defaults
-  to an empty neighbourhood."""
-  network = bind(policy, params)
-  embedding, destroy = network.destroy(graph)
+  """`logits`, jitted (one-off calls and tests); `released` defaults to an empty
+  neighbourhood."""
   if released is None:
     released = np.zeros(graph.variables.shape[0], bool)
-  return destroy, network.branch(embedding, graph, released)
+  return _jitted(policy, params, graph, released)
 
 
 def _is_trunk(path) -> bool:

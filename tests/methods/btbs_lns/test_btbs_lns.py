@@ -11,6 +11,7 @@ import optax
 import pytest
 
 from jaxlab.methods.btbs_lns import features
+from jaxlab.methods.btbs_lns import host_branch
 from jaxlab.methods.btbs_lns import instances
 from jaxlab.methods.btbs_lns import lns
 from jaxlab.methods.btbs_lns import neighbourhood
@@ -205,29 +206,52 @@ def test_lns_loop_runs_the_trunk_only_when_the_incumbent_changes(monkeypatch):
   mip = small_integer_mip(3)
   policy, params = policy_lib.Policy.create(policy_lib.PolicySpec(width=8, num_heads=2))
   trained = lns.Trained(policy, {"destroy_bt": params, "branch": params})
-  calls = {"destroy": 0, "branch": 0}
-  bind = policy_lib.bind
+  calls = {"trunk": 0, "branch": 0, "prepare": 0}
+  bind, logits, prepare = (policy_lib.bind, host_branch.BranchHead.logits,
+                           host_branch.BranchHead.prepare)
 
   def counting_bind(policy_, params_):
     network = bind(policy_, params_)
 
-    def destroy(graph):
-      calls["destroy"] += 1
-      return network.destroy(graph)
+    def counted(graph):
+      calls["trunk"] += 1
+      return network(graph)
+    return counted
 
-    def branch(*args):
-      calls["branch"] += 1
-      return network.branch(*args)
-    return policy_lib.Bound(destroy, branch)
+  def counting(name, fn):
+    def counted(*args):
+      calls[name] += 1
+      return fn(*args)
+    return counted
 
   monkeypatch.setattr(policy_lib, "bind", counting_bind)
+  monkeypatch.setattr(host_branch.BranchHead, "logits", counting("branch", logits))
+  monkeypatch.setattr(host_branch.BranchHead, "prepare", counting("prepare", prepare))
   run = lns.run(mip, "btbs", time_limit=None, trained=trained,
                 spec=lns.LnsSpec(sub_node_limit=NODES, max_steps=6, destroy_rate=0.5))
   accepted = len(run.trace) - 1
   assert run.steps == 6 and calls["branch"] == 6
   assert accepted < 5        # this instance rejects some steps, which reuse the scores
   # Once at the start, then after each accepted step but a last one (nothing samples after it).
-  assert calls["destroy"] in (accepted, accepted + 1)
+  assert calls["trunk"] in (accepted, accepted + 1) and calls["prepare"] == calls["trunk"]
+
+
+def test_host_branch_head_equals_the_networks():
+  mip = instances.generate("intcover", 0, num_rows=12, num_cols=20, density=0.3)
+  graph = features.pad(graph_of(mip), (32, 16, 256))
+  policy, params = policy_lib.Policy.create(policy_lib.PolicySpec(width=8, num_heads=2))
+  head = host_branch.BranchHead.of(policy_lib.network(policy, params))
+  incidence = host_branch.Incidence.of(graph)
+  prepared = head.prepare(np.asarray(policy_lib.bind(policy, params)(graph)[0]))
+  context = jax.jit(policy_lib.released_context)
+  for seed in range(3):
+    released = np.zeros(32, bool)
+    released[:20] = np.random.default_rng(seed).random(20) < 0.4
+    np.testing.assert_allclose(incidence.context(released), context(graph, released),
+                               atol=1e-6)
+    np.testing.assert_allclose(head.logits(prepared, incidence, released)[:20],
+                               policy_lib.jitted_logits(policy, params, graph, released)[1][:20],
+                               atol=1e-5)
 
 
 def test_policy_compiles_once_per_bucket():
