@@ -132,8 +132,9 @@ def neighbourhoods_of(trained: lns.Trained, key: str, samples, bucket, spec: lns
 
 
 # (branch parameters, the destroy network they are trained on, whether it acts on whole
-# variables) of the learned arms.
-BRANCH_HEADS = (("branch", "destroy_bt", False), ("branch_whole", "destroy_whole", True))
+# variables) of the learned arms that branch, from `lns.ARMS`.
+BRANCH_HEADS = tuple(sorted({(branch, destroy, whole)
+                             for destroy, whole, branch in lns.ARMS.values() if branch}))
 
 
 def train_family(family: str, s: Settings, stages: str, seed: int, progress: bool
