@@ -46,10 +46,12 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+import numpy as np  # pylint: disable=g-import-not-at-top
 
 from benchmarks.common import SIDE_BY_SIDE_COLUMNS, OfficialWorker, add_official_flags, brief_mark, cut, matmul_peak, parse_args, publish, seconds_per_update, side_by_side, steps_per_second_for, versions, writes_results  # pylint: disable=g-import-not-at-top
 from jaxlab.core import config as config_lib  # pylint: disable=g-import-not-at-top
 from jaxlab.core import host  # pylint: disable=g-import-not-at-top
+from jaxlab.core import parallel  # pylint: disable=g-import-not-at-top
 from jaxlab.data import least_squares  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.precision_ls import training  # pylint: disable=g-import-not-at-top
 
@@ -102,14 +104,19 @@ def bench_step(arch: str, conv_impl: str, precision: str, batch: int, steps: int
   return 1.0 / seconds, flops
 
 
-def our_step(arch: str, precision: str, batch: int, microbatch: int, heads: int):
-  """One call = one jitted training step on a fixed batch (the state advances, donated)."""
+def our_step(arch: str, precision: str, batch: int, microbatch: int, heads: int,
+             devices: int = 1):
+  """One call = one jitted training step on a fixed batch (the state advances, donated). With
+  `devices` > 1 the step is data-parallel over that many CPU devices (state replicated, batch
+  sharded), as the experiments run it under `--cpu_devices`."""
   config = step_config(arch, "toeplitz", precision, batch, microbatch, heads)
   experiment = training.make_experiment(config)
-  holder = {"state": jax.jit(experiment.init)(jax.random.key(0))}
-  holder["state"]["step"] = jnp.ones([], jnp.int32)   # past the statistics probe at step 0
-  data = least_squares.sample_problems(jax.random.key(1), batch, 20, 5,
-                                       dtype=training.dtype_of(config))
+  mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:devices]), (parallel.DATA_AXIS,))
+  replicated = parallel.replicated(mesh)
+  holder = {"state": jax.jit(experiment.init, out_shardings=replicated)(jax.random.key(0))}
+  holder["state"]["step"] = jax.device_put(jnp.ones([], jnp.int32), replicated)   # past the statistics probe at step 0
+  data = parallel.shard_batch(least_squares.sample_problems(
+      jax.random.key(1), batch, 20, 5, dtype=training.dtype_of(config)), mesh)
   update = jax.jit(experiment.update, donate_argnums=0)
 
   def step():
@@ -125,12 +132,17 @@ WORKER = pathlib.Path(__file__).resolve().parent / "precision_ls_official_worker
 def side_by_side_table(args) -> str:
   """Ours and the official step, interleaved, per (model, dtype, microbatch)."""
   rows, info = [], {}
-  settings = [("baseconv", 1, 0), ("baseconv", 1, args.microbatch), ("softmax", 1, 0),
-              ("softmax", 1, args.microbatch), ("softmax", 4, 0), ("softmax", 4, args.microbatch)]
+  devices = args.cpu_devices
+  settings = [("baseconv", 1, 0, 1), ("baseconv", 1, args.microbatch, 1),
+              ("baseconv", 1, args.microbatch, devices), ("softmax", 1, 0, 1),
+              ("softmax", 1, args.microbatch, 1), ("softmax", 1, args.microbatch, devices),
+              ("softmax", 4, 0, 1), ("softmax", 4, args.microbatch, 1),
+              ("softmax", 4, args.microbatch, devices)]
+  settings = list(dict.fromkeys(settings))   # --cpu-devices 1 repeats the one-device rows
   for precision in ("float32", "float64"):
     workers = {}
     try:
-      for arch, heads, microbatch in settings:
+      for arch, heads, microbatch, our_devices in settings:
         key = (arch, heads)
         if key not in workers:
           workers[key] = OfficialWorker(
@@ -139,12 +151,12 @@ def side_by_side_table(args) -> str:
               f"--dtype={precision}", f"--batch={args.batch}")
           info = workers[key].info
         with jax.enable_x64(precision == "float64"):
-          ours = our_step(arch, precision, args.batch, microbatch, heads)
+          ours = our_step(arch, precision, args.batch, microbatch, heads, our_devices)
           result = side_by_side(lambda s: steps_per_second_for(ours, s),
                                 workers[key].steps_per_second, rounds=args.rounds,
                                 window=args.window)
         rows.append(f"| {arch} | {heads if arch == 'softmax' else '-'} | {precision} | "
-                    f"{microbatch or '-'} | {result.row_cells()} |\n")
+                    f"{microbatch or '-'} | {our_devices} | {result.row_cells()} |\n")
         print(rows[-1], end="", flush=True)
     finally:
       for worker in workers.values():
@@ -156,8 +168,12 @@ def side_by_side_table(args) -> str:
             f"Official: `{args.official}` ({official_commit(args.official)}), its `train_step` "
             f"on a fixed batch (`benchmarks/precision_ls_official_worker.py`). {args.rounds} "
             f"rounds of {args.window:g} s windows, ours then official.\n\n"
-            f"| model | heads | dtype | our microbatch | {SIDE_BY_SIDE_COLUMNS} |\n"
-            "|---|---|---|---|---|---|---|---|\n")
+            f"Our CPU devices: 1 is XLA's default (one device, each op split over the "
+            f"cores); {args.cpu_devices} is the data-parallel step with one batch shard per "
+            f"device (`--cpu_devices`).\n\n"
+            f"| model | heads | dtype | our microbatch | our CPU devices | "
+            f"{SIDE_BY_SIDE_COLUMNS} |\n"
+            "|---|---|---|---|---|---|---|---|---|\n")
   return header + "".join(rows)
 
 
@@ -176,9 +192,13 @@ def main() -> None:
   parser.add_argument("--microbatch", type=int, default=128,
                       help="the accumulated-microbatch rows' microbatch size")
   parser.add_argument("--no-append", action="store_true")
+  parser.add_argument("--cpu-devices", type=int, default=os.cpu_count() or 1,
+                      help="side by side: also time our microbatched step data-parallel over "
+                           "this many CPU devices (default: one per core)")
   add_official_flags(parser)
   args = parse_args(parser, steps=4, batch=256)
   host.tune_allocator()
+  host.use_cpu_devices(args.cpu_devices)
   if args.official is not None:
     publish([side_by_side_table(args)], "precision_ls official", write=writes_results(args))
     return

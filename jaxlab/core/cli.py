@@ -1,7 +1,7 @@
 """The absl entry point every experiment shares.
 
   python -m experiments.<slug> --config=configs/<slug>.py:quick [--workdir=...] \
-      [--config.train.steps=100] [--distributed]
+      [--config.train.steps=100] [--distributed] [--cpu_devices=2]
 
 `experiments/<slug>.py` defines `main(config, workdir)` and ends with `cli.run(main)`. This module
 parses the flags, starts multi-host JAX when asked (before any other JAX call), validates the config
@@ -45,6 +45,10 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None, "With --distributed: this
 _HEARTBEAT = flags.DEFINE_integer(
     "heartbeat_timeout_seconds", None, "With --distributed: how long the others wait for a "
     "process that stopped answering before they fail (JAX's default: 100 s).")
+_CPU_DEVICES = flags.DEFINE_integer(
+    "cpu_devices", None, "Run the CPU backend as this many devices (e.g. one per core): the "
+    "data-parallel step then runs one batch shard per device, which is faster for small models "
+    "than one device whose every op splits over the cores. Default: JAX's (one device).")
 _COMPILATION_CACHE = flags.DEFINE_bool(
     "compilation_cache", True, "Keep compiled programs in <workdir>/xla_cache and reuse them "
     "(within the run: models of one architecture compile once; and when the run is resumed).")
@@ -156,6 +160,11 @@ def run(experiment_main: ExperimentMain, *, single_process: str | None = None) -
         enabled or os.environ.get("JAXLAB_DISTRIBUTED") == "1"):
       raise app.UsageError("--coordinator_address, --num_processes, --process_id and "
                            "--heartbeat_timeout_seconds need --distributed")
+    if _CPU_DEVICES.value is not None:
+      try:
+        host.use_cpu_devices(_CPU_DEVICES.value)
+      except ValueError as e:
+        raise app.UsageError(f"--cpu_devices: {e}") from e
     parallel.maybe_init_distributed(enabled, **explicit)
     import jax  # pylint: disable=g-import-not-at-top
     if single_process and jax.process_count() > 1:

@@ -8,6 +8,11 @@ speed. Keeping such blocks on the heap (and not trimming it) removes that cost.
 An experiment that trains several models of one architecture (seeds, tasks, ablation arms)
 compiles the same step program once per model: a persistent compilation cache lets the later ones
 load the first one's executable instead (`enable_compilation_cache`).
+
+XLA:CPU runs a step as one device whose ops each split over every core. A small model's ops are
+too small for that split to pay: measured on a 2-core machine, the precision_ls softmax step ran
+1.4x faster as two CPU devices (one shard of the data-parallel batch each) than as one device
+using both cores (`use_cpu_devices`).
 """
 from __future__ import annotations
 
@@ -50,3 +55,19 @@ def enable_compilation_cache(directory: str | os.PathLike) -> None:
   jax.config.update("jax_compilation_cache_dir", os.fspath(directory))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", _MIN_CACHED_COMPILE_S)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def use_cpu_devices(count: int) -> None:
+  """Makes the CPU backend `count` devices, so a data-parallel step runs one batch shard per
+  device (e.g. one per core). Call it before JAX first uses a backend."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
+  if not isinstance(count, int) or count < 1:
+    raise ValueError(f"the number of CPU devices must be a positive integer, got {count!r}")
+  if xla_bridge.backends_are_initialized():
+    if jax.config.jax_num_cpu_devices == count or (
+        count == 1 and jax.config.jax_num_cpu_devices < 0):
+      return
+    raise RuntimeError("use_cpu_devices must run before JAX first uses a backend (it already "
+                       f"has {len(jax.devices('cpu'))} CPU device(s))")
+  jax.config.update("jax_num_cpu_devices", count)

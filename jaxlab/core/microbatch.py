@@ -5,6 +5,11 @@ microbatch means is the batch mean); only the float rounding order differs. On C
 faster: a small model's per-step activations at a large batch spill out of the per-core L2 cache,
 and streaming them from memory cost more than the scan's extra loop (measured on this project's
 2-core machine in `benchmarks/precision_ls_speed.py`).
+
+Microbatches are strided: microbatch j holds examples j, j + count, j + 2 count, ... (count
+microbatches). A batch sharded over a data mesh on its leading axis then splits on each device
+into local microbatches; contiguous ones would put whole microbatches on one device, and the scan
+over them would gather every microbatch to every device.
 """
 from __future__ import annotations
 
@@ -17,11 +22,13 @@ LossFn = Callable[[Any, Any], jax.Array]
 
 
 def split_batch(batch: Any, microbatch: int) -> Any:
-  """Every leaf [B, ...] -> [B // microbatch, microbatch, ...]."""
+  """Every leaf [B, ...] -> [B // microbatch, microbatch, ...], microbatch j holding the
+  examples j, j + B // microbatch, ... (strided: each device's shard splits locally)."""
   def split(x):
     if x.shape[0] % microbatch:
       raise ValueError(f"batch of {x.shape[0]} does not split into microbatches of {microbatch}")
-    return x.reshape((x.shape[0] // microbatch, microbatch) + x.shape[1:])
+    count = x.shape[0] // microbatch
+    return jnp.swapaxes(x.reshape((microbatch, count) + x.shape[1:]), 0, 1)
   return jax.tree.map(split, batch)
 
 

@@ -53,3 +53,12 @@ def test_batch_not_divisible_by_devices_is_named(tmp_path):
   assert result.stderr.strip().splitlines()[-1].startswith(
       "config error: config key 'train.batch_size' = 12 is not divisible by the 8 devices")
   assert not any(tmp_path.rglob("checkpoints"))
+
+
+def test_cpu_devices_flag_sets_the_devices_the_config_is_checked_against(tmp_path):
+  result = run_cli("--cpu_devices=3", tmp_path=tmp_path)
+  assert result.returncode == 2 and "Traceback" not in result.stderr
+  assert "is not divisible by the 3 devices" in result.stderr.strip().splitlines()[-1]
+  result = run_cli("--cpu_devices=0", tmp_path=tmp_path)
+  assert result.returncode != 0 and "--cpu_devices: the number of CPU devices must be a " \
+      "positive integer, got 0" in result.stderr

@@ -37,3 +37,26 @@ def test_a_batch_that_does_not_split_evenly_is_refused():
     params, batch = problem()
     with pytest.raises(ValueError, match="microbatches of 5"):
       microbatch.value_and_grad(mean_loss, 5)(params, batch)
+
+
+def test_microbatches_are_strided_so_a_sharded_batch_splits_on_each_device():
+  batch = {"x": jnp.arange(12)}
+  chunks = microbatch.split_batch(batch, 3)["x"]
+  np.testing.assert_array_equal(chunks, [[0, 4, 8], [1, 5, 9], [2, 6, 10], [3, 7, 11]])
+
+
+def test_microbatched_gradient_of_a_batch_sharded_over_devices_equals_the_whole_batch():
+  devices = jax.devices()
+  if len(devices) < 2:
+    pytest.skip("needs several devices (the test suite simulates 8)")
+  mesh = jax.sharding.Mesh(np.asarray(devices), ("data",))
+  sharded = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+  with jax.enable_x64(True):
+    params, batch = problem()
+    batch = {k: jnp.concatenate([v] * (len(devices) // 2 or 1)) for k, v in batch.items()}
+    want_loss, want_grads = jax.value_and_grad(mean_loss)(params, batch)
+    fn = jax.jit(microbatch.value_and_grad(mean_loss, batch["y"].shape[0] // 2))
+    loss, grads = fn(params, jax.device_put(batch, sharded))
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-13)
+    for name in params:
+      np.testing.assert_allclose(grads[name], want_grads[name], rtol=1e-12, atol=1e-14)
