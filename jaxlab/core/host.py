@@ -10,9 +10,9 @@ compiles the same step program once per model: a persistent compilation cache le
 load the first one's executable instead (`enable_compilation_cache`).
 
 XLA:CPU runs a step as one device whose ops each split over every core. A small model's ops are
-too small for that split to pay: measured on a 2-core machine, the precision_ls softmax step ran
-1.4x faster as two CPU devices (one shard of the data-parallel batch each) than as one device
-using both cores (`use_cpu_devices`).
+too small for that split to pay: measured on a 2-core machine, the precision_ls softmax step
+(microbatched) ran 1.2-1.4x faster as two CPU devices, one shard of the data-parallel batch each,
+than as one device using both cores (`use_cpu_devices`).
 """
 from __future__ import annotations
 
