@@ -13,6 +13,15 @@ from etils import epath
 import jax
 import orbax.checkpoint as ocp
 
+# orbax splits the save of a replicated array over its replicas, each part a slice that compiles
+# its own small program (per shape and replica). For these models' many small arrays that cost
+# more than the writes: a 4-step semantix smoke prior (491 arrays, 8 simulated CPU devices) spent
+# 12 s of its 45 s in ~220 such compiles. Parts under 1 MiB per replica are saved whole.
+_MIN_BYTES_PER_REPLICA_SLICE = 1 << 20
+ocp.type_handlers.register_type_handler(
+    jax.Array, ocp.type_handlers.ArrayHandler(
+        min_slice_bytes_for_replica_parallel=_MIN_BYTES_PER_REPLICA_SLICE), override=True)
+
 
 class Checkpointer:
   """Save / find / restore checkpoints under `directory` (made absolute, as orbax requires)."""
