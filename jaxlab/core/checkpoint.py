@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from absl import logging as absl_logging
 from etils import epath
 import jax
 import orbax.checkpoint as ocp
@@ -18,9 +19,21 @@ import orbax.checkpoint as ocp
 # more than the writes: a 4-step semantix smoke prior (491 arrays, 8 simulated CPU devices) spent
 # 12 s of its 45 s in ~220 such compiles. Parts under 1 MiB per replica are saved whole.
 _MIN_BYTES_PER_REPLICA_SLICE = 1 << 20
-ocp.type_handlers.register_type_handler(
-    jax.Array, ocp.type_handlers.ArrayHandler(
-        min_slice_bytes_for_replica_parallel=_MIN_BYTES_PER_REPLICA_SLICE), override=True)
+
+
+def _register_array_handler() -> None:
+  # orbax warns when a handler replaces its default; a run's stderr should not say so each time.
+  verbosity = absl_logging.get_verbosity()
+  absl_logging.set_verbosity(absl_logging.ERROR)
+  try:
+    ocp.type_handlers.register_type_handler(
+        jax.Array, ocp.type_handlers.ArrayHandler(
+            min_slice_bytes_for_replica_parallel=_MIN_BYTES_PER_REPLICA_SLICE), override=True)
+  finally:
+    absl_logging.set_verbosity(verbosity)
+
+
+_register_array_handler()
 
 
 class Checkpointer:
