@@ -2,7 +2,7 @@
 
   python benchmarks/precision_ls_speed.py [--steps 40] [--batch 1024] [--no-append] [--brief]
   python benchmarks/precision_ls_speed.py --official ~/src/precision-ls \
-      --official-python ~/venvs/precision-ls/bin/python [--rounds 5] [--window 5]
+      --official-python ~/venvs/precision-ls/bin/python [--rounds 5] [--window 5] [--cpu-devices 2]
 
 With `--official DIR` (a checkout of HazyResearch/precision-ls; nothing is downloaded) it times
 the official `train_step` beside ours instead: `precision_ls_official_worker.py` runs it in its own
@@ -10,7 +10,9 @@ process under `--official-python` (an environment with `torch==2.13.0 einops mun
 tqdm`), and each row alternates windows of ours and the official step for `--rounds` rounds,
 printing both medians, the median of the per-round ratios and the load average before each
 window. Rows: BaseConv, softmax attention with 1 head (the official model) and 4 heads, float32
-and float64, ours with and without microbatching; both sides time one step on a fixed batch.
+and float64, ours with and without microbatching, and microbatched as `--cpu-devices` CPU devices
+(default one per core: one batch shard per device, as `--cpu_devices` runs an experiment); both
+sides time one step on a fixed batch.
 That table replaces the previous side-by-side one in benchmarks/RESULTS.md (a block of its own,
 "precision_ls official", apart from the table of ours alone below). It is the comparison with the
 official code: both sides measured on the same machine, in adjacent windows.
