@@ -56,6 +56,14 @@ _COMPILATION_CACHE = flags.DEFINE_bool(
 ExperimentMain = Callable[[ml_collections.ConfigDict, str], Any]
 
 
+def preset_changes(config_file: str, override_keys: Sequence[str]) -> list[str]:
+  """What makes a run differ from its preset, so that it must not replace results/: each
+  `--config.<key>` override and each `key=value` after the preset in `file.py:<preset>,...`
+  (`:quick,steps=100` changes the preset as `--config.train.steps=100` does)."""
+  return ([f"--config.{key}" for key in sorted(override_keys)]
+          + [f"config argument {key}=" for key in config_lib.argument_keys(config_file)])
+
+
 def default_workdir(config_path: str, preset: str) -> str:
   slug = os.path.splitext(os.path.basename(config_path.split(":")[0]))[0]
   return os.path.join("workdirs", f"{slug}-{preset}")
@@ -180,15 +188,16 @@ def run(experiment_main: ExperimentMain, *, single_process: str | None = None) -
       config_lib.validate(config, device_count=jax.device_count())
     except config_lib.ConfigError as e:
       exit_with_config_error(e)
-    overridden = sorted(config_flags.get_override_values(flags.FLAGS["config"]))
+    config_file = config_flags.get_config_filename(flags.FLAGS["config"])
+    overridden = preset_changes(config_file,
+                                config_flags.get_override_values(flags.FLAGS["config"]))
     if overridden:
       from jaxlab.core import results  # pylint: disable=g-import-not-at-top
       results.block_publishing(overridden)
-      print(f"note: --config.{overridden[0]}" + (f" and {len(overridden) - 1} more overrides"
-            if len(overridden) > 1 else "") + " change the preset, so results/ is left as it "
+      print(f"note: {overridden[0]}" + (f" and {len(overridden) - 1} more overrides change"
+            if len(overridden) > 1 else " changes") + " the preset, so results/ is left as it "
             "is; this run's results.json stays in the workdir", file=sys.stderr)
-    workdir = _WORKDIR.value or default_workdir(config_flags.get_config_filename(
-        flags.FLAGS["config"]), config.preset)
+    workdir = _WORKDIR.value or default_workdir(config_file, config.preset)
     if _COMPILATION_CACHE.value:
       host.enable_compilation_cache(os.path.join(workdir, "xla_cache"))
     logging.info("workdir %s; %s; %d process(es)", workdir, parallel.describe_devices(),

@@ -70,6 +70,15 @@ def parse_arg(arg: str | None, *, default_preset: str = "quick",
   return parsed
 
 
+def argument_keys(config_file_argument: str) -> list[str]:
+  """The keys set after the preset in `"<file>.py:<preset>,key=value,..."` (none for a bare
+  preset): what makes a run differ from its preset, like a `--config.<key>` override."""
+  _, _, arg = config_file_argument.partition(":")
+  parts = [p.strip() for p in arg.split(",") if p.strip()]
+  keys = [p.partition("=")[0] for p in parts if "=" in p]
+  return [k for k in keys if k != "preset"]
+
+
 def unknown_preset_message(preset: str, presets: Sequence[str]) -> str:
   close = difflib.get_close_matches(preset, presets, n=1)
   hint = f" (did you mean {close[0]!r}?)" if close else ""

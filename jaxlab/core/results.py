@@ -129,7 +129,8 @@ def git_commit() -> str:
     return "unknown"
 
 
-# Set by the command line (`core.cli`) when `--config.<key>=...` overrides change the preset: such a
+# Set by the command line (`core.cli`) when `--config.<key>=...` overrides or `:<preset>,key=value`
+# config arguments change the preset: such a
 # run is not the preset's result, so it must not replace the file under results/.
 _publish_blocked_by: list[str] = []
 

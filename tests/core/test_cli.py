@@ -62,3 +62,14 @@ def test_cpu_devices_flag_sets_the_devices_the_config_is_checked_against(tmp_pat
   result = run_cli("--cpu_devices=0", tmp_path=tmp_path)
   assert result.returncode != 0 and "--cpu_devices: the number of CPU devices must be a " \
       "positive integer, got 0" in result.stderr
+
+
+def test_config_arguments_after_the_preset_block_publishing_as_overrides_do():
+  from jaxlab.core import cli  # pylint: disable=g-import-not-at-top
+  assert cli.preset_changes("configs/jetformer.py:quick", []) == []
+  assert cli.preset_changes("configs/jetformer.py", []) == []
+  assert cli.preset_changes("configs/jetformer.py:preset=long", []) == []
+  assert cli.preset_changes("configs/jetformer.py:quick,steps=100", ["train.seed"]) == [
+      "--config.train.seed", "config argument steps="]
+  assert cli.preset_changes("configs/flow_mi.py:steps=5,ablation=x", []) == [
+      "config argument steps=", "config argument ablation="]
