@@ -233,6 +233,7 @@ class OfficialWorker:
     self.process = subprocess.Popen([python, str(script), *args], stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, text=True)
     self.info = self._read()
+    self.last_window: dict = {}   # the latest window's reply (with any details it carries)
 
   def _read(self) -> dict:
     line = self.process.stdout.readline()
@@ -243,7 +244,7 @@ class OfficialWorker:
   def steps_per_second(self, seconds: float) -> float:
     self.process.stdin.write(f"window {seconds}\n")
     self.process.stdin.flush()
-    result = self._read()
+    result = self.last_window = self._read()
     return result["steps"] / result["seconds"]
 
   def close(self) -> None:
@@ -314,13 +315,14 @@ def beside_official(args: argparse.Namespace, worker_script: pathlib.Path,
                     ) -> tuple[SideBySide, dict]:
   """Starts the official worker (`--official`, `--official-python`, then `worker_args`), builds
   our timer (`make_ours()`: seconds -> steps/s, compiled before the first window), alternates
-  their windows for `--rounds` rounds and stops the worker. Returns (result, the worker's info)."""
+  their windows for `--rounds` rounds and stops the worker. Returns (result, the worker's info,
+  with its last window's reply under "last_window")."""
   worker = OfficialWorker(args.official_python or sys.executable, worker_script,
                           f"--official={args.official}", *worker_args)
   try:
     ours = make_ours()
     result = side_by_side(ours, worker.steps_per_second, rounds=args.rounds, window=args.window)
-    return result, worker.info
+    return result, {**worker.info, "last_window": worker.last_window}
   finally:
     worker.close()
 

@@ -1,6 +1,7 @@
 """Throughput of the ENAMEL sandbox and the wall time of a full evaluation of one sample file.
 
   python benchmarks/enamel_speed.py [--file humanevalplus-canonical] [--no-append] [--brief]
+  python benchmarks/enamel_speed.py --official DIR [--official-python PATH] [--rounds 5]
 
 --brief (a smoke check; never writes RESULTS.md): the round trip as below (2,000 calls take a
 fraction of a second, fewer leave the start-up's jitter in the per-call figure), the full evaluation
@@ -11,9 +12,15 @@ Prints, and writes to benchmarks/RESULTS.md in place of this method's previous t
 * worker start-up time (one sandboxed process per sample and problem) and the per-call round trip
   once the worker is up, on a trivial program;
 * programs executed per second over a full evaluation (reference timing + the sample, every case
-  and repeat) and its wall time, with the tests already generated (cached). The official
-  evaluator (enam 0.2.0) needs about one minute per sample file on a 2-core CPU; the target is
-  under two minutes.
+  and repeat) and its wall time, with the tests already generated (cached). The issue's target
+  is under two minutes, against about one minute for the official evaluator elsewhere.
+
+--official DIR (a local checkout of q-rz/enamel; nothing is downloaded) times the official
+evaluator's full evaluation of the same file beside ours instead, interleaved (ours, official,
+... for --rounds rounds; each window is one whole evaluation of each, about a minute), in a worker
+process (`benchmarks/enamel_official_worker.py` names the entry point; it needs numpy, pandas and
+tqdm, which this environment has, so --official-python is optional). The table, with both sides'
+pass@1 and eff@1 of their last run, goes to the "enamel official" block of RESULTS.md.
 """
 from __future__ import annotations
 
@@ -24,7 +31,7 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import brief_mark, parse_args, publish, machine, writes_results  # pylint: disable=g-import-not-at-top
+from benchmarks.common import add_official_flags, beside_official, brief_mark, parse_args, publish, machine, writes_results  # pylint: disable=g-import-not-at-top
 from jaxlab.core import config as config_lib  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.enamel import problems  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.enamel import reproduction  # pylint: disable=g-import-not-at-top
@@ -32,6 +39,7 @@ from jaxlab.methods.enamel import sandbox  # pylint: disable=g-import-not-at-top
 from jaxlab.methods.enamel import testgen  # pylint: disable=g-import-not-at-top
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+WORKER = pathlib.Path(__file__).resolve().parent / "enamel_official_worker.py"
 TRIVIAL = "def f(x):\n    return x + 1\n"
 
 
@@ -45,12 +53,72 @@ def startup_and_round_trip(calls: int = 2000) -> tuple[float, float]:
   return startup, per_call
 
 
+def full_evaluator(file: str, workdir: pathlib.Path):
+  """A callable running one full evaluation of `file` at the quick preset's settings, with the
+  tests generated (or loaded) beforehand, each run in a fresh directory (an evaluation resumes
+  problem by problem from its own); and the dict its last summary goes to."""
+  config = config_lib.with_overrides(
+      config_lib.load_config(ROOT / "configs" / "enamel.py", "quick"),
+      {"train": {"progress": False}})
+  all_problems = problems.load_problems()
+  indices = reproduction.problem_indices(config)
+  tests = testgen.load_tests(all_problems, indices)
+  samples = problems.load_samples(problems.sample_file_path(file))
+  last: dict = {}
+
+  def evaluate():
+    last.update(reproduction.evaluate_file(samples, indices, all_problems, tests, config,
+                                           str(workdir / str(time.time_ns())), file))
+  return evaluate, last
+
+
+def side_by_side_lines(args) -> list[str]:
+  ours_last: dict = {}
+
+  def make_ours():
+    evaluate, last = full_evaluator(args.file, pathlib.Path(args.workdir))
+    ours_last.update(last=last)
+
+    def evaluations_per_second(seconds: float) -> float:
+      count, start = 0, time.perf_counter()
+      while time.perf_counter() - start < seconds:
+        evaluate()
+        count += 1
+      return count / (time.perf_counter() - start)
+    return evaluations_per_second
+
+  result, info = beside_official(args, WORKER, [f"--file={args.file}"], make_ours)
+  ours, official = ours_last["last"], info.get("last_window", {})
+  row = result.seconds_row(f"full evaluation of `{args.file}`", 1)
+  return [f"\n## enamel beside the official evaluator, {machine()}{brief_mark(args)}\n\n",
+          f"One full evaluation of `{args.file}` ({info.get('problems')} problems; tests made "
+          f"beforehand, references re-timed, every case run, checked and timed; tests "
+          f"{info.get('n_tests')} per level, {info.get('n_reps')} repeats). Official: "
+          f"`{args.official}`, `enam.Evaluator.evaluate` as its `demo.py` sets it up "
+          "(`benchmarks/enamel_official_worker.py`), in-process `exec` under `setitimer`; ours: "
+          "`reproduction.evaluate_file` at the quick preset, one sandboxed worker process per "
+          f"sample and problem. {args.rounds} rounds, one evaluation per window, ours then "
+          "official.\n\n",
+          "| workload | jaxlab s | official s | speed-up (median of rounds) | load before windows |"
+          "\n|---|---|---|---|---|\n", row,
+          f"\nLast run's pass@1 / eff@1: ours {ours.get('pass@1', float('nan')):.4f} / "
+          f"{ours.get('eff@1', float('nan')):.4f}, official "
+          f"{official.get('pass@1', float('nan')):.4f} / {official.get('eff@1', float('nan')):.4f}"
+          " (pass@1 is deterministic; eff@1 depends on the machine's timings).\n"]
+
+
 def main() -> None:
   parser = argparse.ArgumentParser()
   parser.add_argument("--file", default="humanevalplus-canonical")
   parser.add_argument("--workdir", default="/tmp/enamel_speed")
   parser.add_argument("--no-append", action="store_true")
+  add_official_flags(parser)
   args = parse_args(parser)
+  if args.official is not None:
+    if args.brief:
+      parser.error("--brief times ours alone (a cut evaluation); drop it with --official")
+    publish(side_by_side_lines(args), "enamel official", write=writes_results(args))
+    return
   startup, per_call = startup_and_round_trip()
   overrides = {"train": {"progress": False}}
   if args.brief:
@@ -80,8 +148,8 @@ def main() -> None:
           f"a time-out runs fewer) | {calls} |\n"
           f"| scheduled calls per second over the full evaluation | {calls / wall:.0f} |\n"
           f"| pass@1 / eff@1 of that run | {summary['pass@1']:.4f} / {summary['eff@1']:.4f} |\n"
-          f"\nOfficial evaluator (enam 0.2.0) on a 2-core CPU: about 60 s per sample file once "
-          f"the tests exist; target: under 120 s.\n")
+          f"\nTarget: under 120 s. Beside the official evaluator: the \"enamel official\" "
+          f"block (`--official`).\n")
   publish([text], "enamel", write=writes_results(args))
 
 

@@ -21,7 +21,9 @@ def take_stdout() -> TextIO:
   return protocol
 
 
-def serve(step: Callable[[], object], protocol: TextIO, **info) -> None:
+def serve(step: Callable[[], object], protocol: TextIO, *,
+          details: Callable[[], dict] | None = None, **info) -> None:
+  """`details()`, if given, is merged into each window's reply (what the last call found)."""
   print(json.dumps({"ready": True, **info}), file=protocol, flush=True)
   for line in sys.stdin:
     command = line.split()
@@ -31,8 +33,8 @@ def serve(step: Callable[[], object], protocol: TextIO, **info) -> None:
     while time.perf_counter() - start < float(command[1]):
       step()
       calls += 1
-    print(json.dumps({"steps": calls, "seconds": time.perf_counter() - start}), file=protocol,
-          flush=True)
+    reply = {"steps": calls, "seconds": time.perf_counter() - start}
+    print(json.dumps({**(details() if details else {}), **reply}), file=protocol, flush=True)
 
 
 def serve_measured(measure: Callable[[float], tuple[int, float]], protocol: TextIO,
