@@ -38,6 +38,7 @@ import numpy as np
 
 from jaxlab.zoo.attention import Attention
 from jaxlab.zoo.mlp import ACTIVATIONS
+from jaxlab.zoo.mlp import flat_dot_general
 from jaxlab.zoo.sequence import Block
 
 
@@ -312,7 +313,7 @@ class AffineCoupling(nnx.Module):
     self.head = nnx.Linear(conditioner_features, 2 * len(self.transformed_dims),
                            kernel_init=nnx.initializers.zeros_init(),
                            bias_init=nnx.initializers.zeros_init(), param_dtype=param_dtype,
-                           rngs=rngs)
+                           dot_general=flat_dot_general, rngs=rngs)
 
   def _scale_and_bias(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(log scale, scale, bias) for the transformed dims, from the conditioning dims of x."""
@@ -415,7 +416,8 @@ class ViTConditioner(nnx.Module):
     attention = lambda rngs: Attention(width, num_heads, kind="softmax", causal=False,
                                        init_std=init_std, out_init_std=out_std,
                                        param_dtype=param_dtype, rngs=rngs)
-    self.read_in = nnx.Linear(in_features, width, param_dtype=param_dtype, rngs=rngs)
+    self.read_in = nnx.Linear(in_features, width, param_dtype=param_dtype,
+                              dot_general=flat_dot_general, rngs=rngs)
     self.positions = nnx.Param(
         nnx.initializers.normal(init_std)(rngs.params(), (num_tokens, width), param_dtype))
     self.blocks = nnx.List([
@@ -429,7 +431,8 @@ class ViTConditioner(nnx.Module):
       zeros = nnx.initializers.zeros_init()
       kernel_init = zeros if zero_init_output else nnx.initializers.lecun_normal()
       self.read_out = nnx.Linear(width, out_features, kernel_init=kernel_init, bias_init=zeros,
-                                 param_dtype=param_dtype, rngs=rngs)
+                                 param_dtype=param_dtype, dot_general=flat_dot_general,
+                                 rngs=rngs)
 
   def __call__(self, x: jax.Array) -> jax.Array:
     """x: [B, N, in] -> [B, N, out] ([B, N, width] without a read-out)."""

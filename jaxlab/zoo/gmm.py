@@ -21,6 +21,8 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
+from jaxlab.zoo import mlp as mlp_lib
+
 MIN_SCALE = 1e-6
 
 
@@ -122,7 +124,7 @@ class MixtureHead(nnx.Module):
     self.proj = nnx.Linear(in_features, num_mixture_params(num_components, dim),
                            kernel_init=nnx.initializers.zeros_init(),
                            bias_init=nnx.initializers.zeros_init(), param_dtype=param_dtype,
-                           rngs=rngs)
+                           dot_general=mlp_lib.flat_dot_general, rngs=rngs)
 
   def __call__(self, h: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     chex.assert_shape(h, (..., self.in_features))

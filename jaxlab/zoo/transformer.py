@@ -27,6 +27,8 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
+from jaxlab.zoo import mlp as mlp_lib
+
 
 # ---------------------------------------------------------------------------------------------
 # Masks.
@@ -112,7 +114,7 @@ def _linear(in_features: int, out_features: int, *, param_dtype, rngs: nnx.Rngs)
   # LeCun-normal weights (variance 1 / fan_in): with pre-norm blocks every projection then sees
   # unit-scale inputs and starts with unit-scale outputs.
   return nnx.Linear(in_features, out_features, use_bias=False, param_dtype=param_dtype,
-                    rngs=rngs)
+                    dot_general=mlp_lib.flat_dot_general, rngs=rngs)
 
 
 class MultiQueryAttention(nnx.Module):

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 
 from jaxlab.zoo import flows
 from jaxlab.zoo import gmm
+from jaxlab.zoo import mlp
 from jaxlab.zoo import transformer
 
 LOG_2PI = math.log(2 * math.pi)
@@ -82,7 +83,8 @@ class JetFormer(nnx.Module):
         num_kv_heads=num_kv_heads, mlp_dim=mlp_dim, dropout=dropout,
         embed_init_std=embed_init_std, rngs=rngs)
                     if use_decoder else None)
-    self.read_in = nnx.Linear(ar_dim, width, rngs=rngs) if use_decoder else None
+    self.read_in = (nnx.Linear(ar_dim, width, dot_general=mlp.flat_dot_general, rngs=rngs)
+                    if use_decoder else None)
     self.head = gmm.MixtureHead(width, num_mixtures, ar_dim, rngs=rngs) if use_decoder else None
 
   def encode(self, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
