@@ -4,7 +4,7 @@ Each regime's training set is a pool of generated conversations, encoded once pe
 replica draws its batches from its (regime, variant) pool with a key that depends only on
 (regime, seed), so the variants of one seed see the same conversations in the same order and
 start from the same weights: their differences are paired. A chunk is `chunk_steps` AdamW steps
-of every replica (`lax.scan` inside `vmap`), run and checkpointed by `core.replicas.run_chunks`.
+of every replica (`lax.scan` inside `replicas.map_replicas`), run and checkpointed by `core.replicas.run_chunks`.
 Loss: cross-entropy on the assistant tokens (answers and their `<eos>`), as the official recipe.
 """
 from __future__ import annotations
@@ -215,7 +215,7 @@ def _functions(model_spec: model_lib.ModelSpec, train_spec: TrainSpec,
     return state, {f"train/{k}": v for k, v in metrics.items()}
 
   init = jax.jit(jax.vmap(init_one))
-  chunk = jax.jit(jax.vmap(one_replica, in_axes=(0, 0, 0, 0, None, None, None)),
+  chunk = jax.jit(replicas.map_replicas(one_replica, in_axes=(0, 0, 0, 0, None, None, None)),
                   donate_argnums=0, out_shardings=(sharding, None) if sharding else None)
   return net, init, chunk
 

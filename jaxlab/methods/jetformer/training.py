@@ -11,7 +11,8 @@ class cross-entropy instead, with the flow held fixed for them (stop-gradient), 
 image-text model.
 
 `train.num_seeds` independent training runs (their own initialisation, noise, label dropout and
-dropout; the same data order) are vmapped in one update: params are replica-stacked [R, ...].
+dropout; the same data order) share one update (`core.replicas.map_replicas`: vmapped, or one
+after another on a single CPU device): params are replica-stacked [R, ...].
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import numpy as np
 import optax
 
 from jaxlab.core import config as config_lib
+from jaxlab.core import replicas as replicas_lib
 from jaxlab.core import train_loop
 from jaxlab.data import digits
 from jaxlab.data import pipeline
@@ -197,7 +199,7 @@ def make_experiment(config: ml_collections.ConfigDict) -> train_loop.Experiment:
       return optax.apply_updates(params, updates), opt_state, loss, metrics
 
     keys = jax.vmap(lambda r: jax.random.fold_in(rng, r))(replicas)
-    params, opt_state, loss, metrics = jax.vmap(replica_update)(
+    params, opt_state, loss, metrics = replicas_lib.map_replicas(replica_update)(
         state["params"], state["opt_state"], keys)
     new_state = {"params": params, "opt_state": opt_state, "step": state["step"] + 1}
     out = {"loss": loss.mean(), "noise_std": noise_std,
@@ -210,7 +212,7 @@ def make_experiment(config: ml_collections.ConfigDict) -> train_loop.Experiment:
       _, metrics = loss_fn(model.module(params), batch, jax.random.key(0), config=config,
                            noise_std=jnp.zeros([]), train=False)
       return metrics["bpd"]
-    bpd = jax.vmap(replica_bpd)(state["params"])
+    bpd = replicas_lib.map_replicas(replica_bpd)(state["params"])
     return {"bpd": bpd.mean(), **{f"bpd_seed{r}": bpd[r] for r in range(num_seeds)}}
 
   def train_data(process_index, process_count):
