@@ -72,8 +72,10 @@ def map_replicas(fn: Callable[..., Any], in_axes: int | None | Sequence[int | No
   on 2 cores: a [3, 1280, 64] x [3, 64, 256] layer's forward and backward 3.9 ms vmapped against
   2.9 ms in turn; JetFormer's GMM-AR decoder step (3 seeds) 72 -> 46 ms. On accelerators, and
   when replicas are split over several devices, the batched form is the fast (and the sharded)
-  one, so it stays a vmap there. Both give the same values up to float rounding. `in_axes`: per
-  argument 0 (replica-stacked) or None (shared); other axes fall back to vmap.
+  one, so it stays a vmap there. It is not a win for every model: LEAP's 21 replicas of a
+  narrower decoder take 177 ms a step vmapped and 185 ms in turn, so that method keeps vmap; use
+  it where a benchmark shows the gain. Both give the same values up to float rounding.
+  `in_axes`: per argument 0 (replica-stacked) or None (shared); other axes fall back to vmap.
   """
   vmapped = jax.vmap(fn, in_axes=in_axes)
 
