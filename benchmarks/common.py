@@ -23,6 +23,7 @@ import ml_collections
 
 from jaxlab.core import config as config_lib
 from jaxlab.core import host
+from jaxlab.core import replicas as replicas_lib
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "RESULTS.md"
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
@@ -150,6 +151,24 @@ def unrolled_flops(fn, *args) -> float:
   analysis counts a rolled scan body once, whatever its length)."""
   with unrolled_scans():
     return xla_flops(lambda *a: fn(*a), *args)   # a new function: no cached (rolled) trace
+
+
+@contextlib.contextmanager
+def replicas_vmapped():
+  """`core.replicas.map_replicas` traced inside is a vmap even on one CPU device, so that XLA's
+  cost analysis counts every replica (a `lax.map` body, like a scan body, counts once)."""
+  original = replicas_lib.runs_replicas_in_turn
+  replicas_lib.runs_replicas_in_turn = lambda: False
+  try:
+    yield
+  finally:
+    replicas_lib.runs_replicas_in_turn = original
+
+
+def all_replica_flops(fn, *args) -> float:
+  """`xla_flops` of `fn` traced afresh with its replicas vmapped (see `replicas_vmapped`)."""
+  with replicas_vmapped():
+    return xla_flops(lambda *a: fn(*a), *args)
 
 
 def perturbed(params, key, scale: float = 0.01):
