@@ -5,7 +5,6 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
-import functools
 import json
 import os
 import pathlib
@@ -137,9 +136,15 @@ def xla_flops(fn, *args) -> float:
 
 @contextlib.contextmanager
 def unrolled_scans():
-  """Every `jax.lax.scan` traced inside is fully unrolled."""
+  """Every `jax.lax.scan` traced inside is fully unrolled, whatever `unroll` its caller passes
+  (a `functools.partial` default would lose to the caller's own `unroll=` argument)."""
   original = jax.lax.scan
-  jax.lax.scan = functools.partial(original, unroll=True)
+
+  def fully_unrolled(*args, **kwargs):
+    kwargs["unroll"] = True
+    return original(*args, **kwargs)
+
+  jax.lax.scan = fully_unrolled
   try:
     yield
   finally:

@@ -14,3 +14,15 @@ def test_all_replica_flops_counts_each_replica_once_more():
   counted = common.all_replica_flops(step, weights, inputs)
   assert abs(counted - 4 * one) <= 0.05 * 4 * one
   assert replicas.runs_replicas_in_turn() == (jax.device_count() == 1)   # restored afterwards
+
+
+def test_unrolled_flops_counts_every_step_even_when_the_caller_sets_unroll():
+  def chain(x, steps):
+    body = lambda carry, _: (jnp.tanh(carry @ x), None)
+    out, _ = jax.lax.scan(body, x, None, length=steps, unroll=1)
+    return out.sum()
+
+  weights = jnp.ones((32, 32))
+  one = common.unrolled_flops(lambda x: chain(x, 1), weights)
+  ten = common.unrolled_flops(lambda x: chain(x, 10), weights)
+  assert 9 * one <= ten <= 11 * one
