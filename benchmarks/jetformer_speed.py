@@ -106,7 +106,8 @@ def main() -> None:
           f"Batch {config.train.batch_size}, 8x8 digits, {(8 // patch) ** 2} tokens x "
           f"{patch * patch} dims; a step trains every seed of a variant "
           f"({config.train.num_seeds} by default; one after another on one CPU device, "
-          "`core.replicas.map_replicas`); GFLOP/s counts every seed's work. Matmul peak (jitted 2048x2048 jnp.dot): "
+          "`core.replicas.map_replicas`); GFLOP/s counts every seed's work. "
+          "Matmul peak (jitted 2048x2048 jnp.dot): "
           f"{peak:.0f} GFLOP/s float32.\n\n"
           "| variant | steps/s | compile s | GFLOP/s | % of matmul peak |\n|---|---|---|---|---|\n"
           + "".join(rows)

@@ -7,6 +7,7 @@ go through an abstract tree that carries shardings, so arrays land where the mes
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 from absl import logging as absl_logging
@@ -35,6 +36,13 @@ def _register_array_handler() -> None:
 
 _register_array_handler()
 
+# orbax numbers every save with one process-wide operation id and its background commit waits on
+# signals keyed by the current id, so two managers saving at once from different threads mix up
+# their ids and one waits for a signal that never comes ("Timeout waiting for key
+# 'awaitable_signals_contract_5/...'", seen with flow_mi's `train.parallel_fits = 2`). Saves made
+# off the main thread are therefore synchronous and one at a time.
+_SAVES_OFF_MAIN_THREAD = threading.Lock()
+
 
 class Checkpointer:
   """Save / find / restore checkpoints under `directory` (made absolute, as orbax requires)."""
@@ -42,11 +50,12 @@ class Checkpointer:
   def __init__(self, directory: str | os.PathLike, max_to_keep: int = 2,
                async_save: bool = True):
     self.directory = epath.Path(os.fspath(directory)).resolve()
+    self._off_main_thread = threading.current_thread() is not threading.main_thread()
     self._manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep, create=True,
-            enable_async_checkpointing=async_save),
+            enable_async_checkpointing=async_save and not self._off_main_thread),
         item_names=("state", "data", "meta"))
 
   def latest_step(self) -> int | None:
@@ -57,9 +66,18 @@ class Checkpointer:
 
   def save(self, step: int, state: Any, *, data_state: dict[str, Any] | None = None,
            meta: dict[str, Any] | None = None) -> None:
-    """Saves asynchronously; errors surface at the next save, `wait` or `close`."""
+    """Saves asynchronously (off the main thread: synchronously, one thread at a time); errors
+    surface at the next save, `wait` or `close`."""
     if step in self._manager.all_steps():
       return
+    if self._off_main_thread:
+      with _SAVES_OFF_MAIN_THREAD:
+        self._save(step, state, data_state, meta)
+    else:
+      self._save(step, state, data_state, meta)
+
+  def _save(self, step: int, state: Any, data_state: dict[str, Any] | None,
+            meta: dict[str, Any] | None) -> None:
     self._manager.save(
         step,
         args=ocp.args.Composite(

@@ -1,15 +1,16 @@
 """Fitting many independent replicas of one model at once, in scanned chunks.
 
-Some methods do not train one model on a data stream but fit a small model per (dataset, seed):
-an estimator per task, an embedding per graph. Their fast form is one jitted function that runs
+Some methods do not train one model on a data stream but fit a small model per (dataset, seed): an
+estimator per task, an embedding per graph. Their fast form is one jitted function that runs
 `chunk_steps` steps of every replica (a `lax.scan` inside `map_replicas` over the leading replica
-axis) and compiles once; Python runs only between chunks. This module is the outer loop around such a
-function: restore from `workdir/checkpoints`, call the chunk function until `steps`, log a summary
-of every chunk to `metrics.jsonl` and the progress bar, checkpoint every `ckpt_every` steps and at
-the end. The chunk function must take the step range as traced arguments (`start`, `stop`) and
-leave replicas unchanged at steps >= stop, so a ragged last chunk or a resumed run reuses it, and
-it should return its state with the input's `replica_sharding` (jit's `out_shardings`): XLA may
-otherwise hand back a replicated state, and the next call with a new sharding compiles again.
+axis) and compiles once; Python runs only between chunks. This module is the outer loop around
+such a function: restore from `workdir/checkpoints`, call the chunk function until `steps`, log a
+summary of every chunk to `metrics.jsonl` and the progress bar, checkpoint every `ckpt_every`
+steps and at the end. The chunk function must take the step range as traced arguments (`start`,
+`stop`) and leave replicas unchanged at steps >= stop, so a ragged last chunk or a resumed run
+reuses it, and it should return its state with the input's `replica_sharding` (jit's
+`out_shardings`): XLA may otherwise hand back a replicated state, and the next call with a new
+sharding compiles again.
 """
 from __future__ import annotations
 

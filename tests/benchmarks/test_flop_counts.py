@@ -6,7 +6,7 @@ from benchmarks import common
 from jaxlab.core import replicas
 
 
-def test_all_replica_flops_counts_each_replica_once_more():
+def test_all_replica_flops_counts_every_replica():
   weights = jnp.ones((4, 32, 32))
   inputs = jnp.ones((4, 16, 32))
   step = replicas.map_replicas(lambda w, x: jnp.sum(x @ w))

@@ -1,4 +1,5 @@
 """Checkpoint round trip with shardings, data-iterator state and metadata."""
+import concurrent.futures
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -35,3 +36,20 @@ def test_roundtrip_keeps_values_structure_and_sharding(tmp_path):
 
 def test_latest_step_of_missing_directory_is_none(tmp_path):
   assert checkpoint.latest_step(tmp_path / "nothing") is None
+
+
+def test_managers_saving_from_several_threads_at_once_all_finish(tmp_path):
+  # orbax's async saves share one process-wide operation id; concurrent saves from threads
+  # once hung on each other's commit signals (flow_mi's parallel fits).
+  def save_and_restore(index):
+    state = {"w": jnp.full((4, 3), float(index))}
+    with checkpoint.Checkpointer(tmp_path / f"run{index}") as checkpointer:
+      for step in range(3):
+        checkpointer.save(step, state, meta={"index": index})
+      checkpointer.wait()
+      restored, _, meta = checkpointer.restore(2, checkpoint.abstract_like(state))
+    return float(restored["w"][0, 0]), meta["index"]
+
+  with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+    results = list(pool.map(save_and_restore, range(4)))
+  assert results == [(float(index), index) for index in range(4)]

@@ -11,9 +11,10 @@ this is flow_mi's own loop, assembled from the shared pieces (`core.parallel`, `
   the one at the lowest held-out loss.
 
 Speed: `eval_every` training steps and the evaluation after them are one `jax.lax.scan` inside
-one jitted, seed-vmapped function that compiles once per (estimator, data shape); Python only
-runs between evaluations (progress bar, metrics, checkpoints: `core.replicas.run_chunks`). A step whose loss or gradient is
-not finite is skipped (the seed keeps its previous parameters) and counted in `skipped_steps`.
+one jitted function, mapped over seeds by `core.replicas.map_replicas`, that compiles once per
+(estimator, data shape); Python only runs between evaluations (progress bar, metrics,
+checkpoints: `core.replicas.run_chunks`). A step whose loss or gradient is not finite is skipped
+(the seed keeps its previous parameters) and counted in `skipped_steps`.
 
 Resume: with a workdir, the state of every seed is checkpointed every `ckpt_every` steps and at
 the end; the minibatch of step t is drawn with `fold_in(key, t)`, so a resumed fit sees the same

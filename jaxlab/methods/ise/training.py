@@ -4,7 +4,8 @@ Each regime's training set is a pool of generated conversations, encoded once pe
 replica draws its batches from its (regime, variant) pool with a key that depends only on
 (regime, seed), so the variants of one seed see the same conversations in the same order and
 start from the same weights: their differences are paired. A chunk is `chunk_steps` AdamW steps
-of every replica (`lax.scan` inside `replicas.map_replicas`), run and checkpointed by `core.replicas.run_chunks`.
+of every replica (`lax.scan` inside `replicas.map_replicas`), run and checkpointed by
+`core.replicas.run_chunks`.
 Loss: cross-entropy on the assistant tokens (answers and their `<eos>`), as the official recipe.
 """
 from __future__ import annotations
