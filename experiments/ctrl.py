@@ -217,9 +217,11 @@ def plot_toy2d(metrics: dict, samples: dict):
 
 
 def _collect(metrics: dict, task: str, rows: dict, prior: priors.Prior) -> None:
-  """Files one task's rows under metrics.<task>, .ctrl_train.<task>, .reward_classifier.<task>."""
+  """Files one task's rows under metrics.<task>, .ctrl_train.<task>, .seconds.<task>,
+  .reward_classifier.<task>."""
   metrics[task] = {k: {kk: vv for kk, vv in v.items() if kk in KEPT} for k, v in rows.items()}
   metrics.setdefault("ctrl_train", {})[task] = {k: v["ctrl_train"] for k, v in rows.items()}
+  metrics.setdefault("seconds", {})[task] = {k: v["seconds"] for k, v in rows.items()}
   metrics.setdefault("reward_classifier", {})[task] = {k: v["reward_classifier"]
                                                        for k, v in rows.items()}
   metrics.setdefault("prior", {})[task] = prior.summary()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from typing import Any, Callable
 
 import jax
@@ -121,7 +122,8 @@ def score_seeds(sampler, params_per_seed: list, num: int, key_base: int, problem
 def run_methods(config: ml_collections.ConfigDict, prior: priors.Prior, problem: Problem,
                 num_samples: int, workdir: str, desc: str) -> dict[str, Any]:
   """CTRL and the selected baselines on `problem`, `num_samples` per label and seed:
-  {"methods", "ctrl_train", "samples"}."""
+  {"methods", "ctrl_train", "samples", "seconds"} (seconds: each method's wall time, its
+  training included, compiles and scoring too; CTRL's training is also `ctrl_train.wall_s`)."""
   key = jax.random.key(config.seed)
   ctrl_group = config.ctrl
   steps = ctrl_group.sample_steps
@@ -130,6 +132,14 @@ def run_methods(config: ml_collections.ConfigDict, prior: priors.Prior, problem:
   apply, policy_params = baselines.prior_network(prior, problem.num_labels)
   out: dict[str, Any] = {}
   shown: dict[str, Any] = {}
+  seconds: dict[str, float] = {}
+  started = time.perf_counter()
+
+  def lap(name: str) -> None:
+    nonlocal started
+    now = time.perf_counter()
+    seconds[name] = now - started
+    started = now
 
   ctrl_settings = finetune.Settings.from_config(ctrl_group, num_labels=problem.num_labels)
   tuned = finetune.finetune(apply, policy_params, prior.apply, prior.params, prior.schedule,
@@ -144,6 +154,7 @@ def run_methods(config: ml_collections.ConfigDict, prior: priors.Prior, problem:
   last = tuned.history[-1] if tuned.history else {}
   train = {"reward": last.get("train/reward"), "kl": last.get("train/kl"),
            "wall_s": tuned.wall_s}
+  lap("ctrl")
 
   chosen = config_lib.select_names(config, "baselines", BASELINES)
   base = lambda p, labels: (lambda xt, t: prior.apply(p, xt, t))
@@ -152,6 +163,7 @@ def run_methods(config: ml_collections.ConfigDict, prior: priors.Prior, problem:
     pretrained = labelled_sampler(base, prior, num_steps=steps)
     out["pretrained"] = score_seeds(pretrained, unconditional, num, 200, problem, shown,
                                     "pretrained")
+    lap("pretrained")
   if "reconstruction_guidance" in chosen:
     denoise = lambda xt, t: prior.apply(prior.params, xt, t)
     reconstruction = labelled_sampler(base, prior, num_steps=steps, guidance_for=lambda labels:
@@ -162,6 +174,7 @@ def run_methods(config: ml_collections.ConfigDict, prior: priors.Prior, problem:
                                           weighting=config.guidance.reconstruction_weighting))
     out["reconstruction_guidance"] = score_seeds(reconstruction, unconditional, num, 300,
                                                  problem, shown, "reconstruction_guidance")
+    lap("reconstruction_guidance")
   if "classifier_guidance" in chosen:
     noisy = classifiers.fit_noisy(problem.labelled_x, problem.labelled_y, problem.num_labels,
                                   prior.schedule, hidden=tuple(config.reward.hidden),
@@ -172,6 +185,7 @@ def run_methods(config: ml_collections.ConfigDict, prior: priors.Prior, problem:
                                                             config.guidance.scale))
     out["classifier_guidance"] = score_seeds(guided, unconditional, num, 400, problem, shown,
                                              "classifier_guidance")
+    lap("classifier_guidance")
   if "cfg" in chosen:
     # Fine-tuned on the labelled examples for CTRL's steps x batch.
     settings = baselines.CfgSettings(steps=config.cfg.steps, batch_size=config.cfg.batch_size,
@@ -189,5 +203,6 @@ def run_methods(config: ml_collections.ConfigDict, prior: priors.Prior, problem:
           prior, num_steps=steps)
       out[f"cfg_w{weight:g}"] = score_seeds(sampler, per_seed, num, 500, problem, shown,
                                             f"cfg_w{weight:g}")
+    lap("cfg")
   shown["truth"] = problem.truth
-  return {"methods": out, "ctrl_train": train, "samples": shown}
+  return {"methods": out, "ctrl_train": train, "samples": shown, "seconds": seconds}
