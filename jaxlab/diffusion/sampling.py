@@ -204,7 +204,8 @@ def ddim_sample_with_kl(policy: DenoiseFn, reference: DenoiseFn, schedule: Sched
                         parameterization: str = "eps", clip_x0: float | None = None,
                         remat: bool = False, unroll: int | bool = 1,
                         grad_mask: jax.Array | None = None,
-                        guidance: GuidanceFn | None = None) -> tuple[jax.Array, jax.Array]:
+                        guidance: GuidanceFn | None = None,
+                        shared_time: bool = False) -> tuple[jax.Array, jax.Array]:
   """DDIM under `policy` with each step's KL to `reference`'s; returns (x0 [B, ...], kl [K, B]).
 
   The chain visits t_1 > ... > t_K = `ddim_timesteps(T, num_steps)` and steps from t_i to
@@ -217,6 +218,11 @@ def ddim_sample_with_kl(policy: DenoiseFn, reference: DenoiseFn, schedule: Sched
   grad_mask: optional bool [K]; where False, the step's outputs (its x and its KL) are cut from
   the gradient, so that only the steps where it is True are back-propagated through (truncated
   back-propagation). The forward values are unchanged.
+
+  shared_time: the two denoisers get each step's t as a scalar int32 instead of t [B] (every row
+  of the chain shares it), so that a network whose time path depends on t alone (the zoo's
+  `ResidualMLP`) runs that path once per step rather than once per row; `guidance` still gets
+  t [B].
   """
   check_parameterization(parameterization)
   if not eta > 0:
@@ -239,18 +245,19 @@ def ddim_sample_with_kl(policy: DenoiseFn, reference: DenoiseFn, schedule: Sched
   mask = jnp.ones((num_steps,), bool) if grad_mask is None else jnp.asarray(grad_mask, bool)
   reduce_axes = tuple(range(1, x_T.ndim))
 
-  def mean_of(denoise, x, t_batch, x0_c, eps_c, guide):
-    x0_hat, eps_hat = _estimates(schedule, x, t_batch, denoise(x, t_batch), parameterization,
-                                 clip_x0, guide)
+  def mean_of(denoise, x, t, t_batch, x0_c, eps_c, guide):
+    output = denoise(x, t if shared_time else t_batch)
+    x0_hat, eps_hat = _estimates(schedule, x, t_batch, output, parameterization, clip_x0, guide)
     return x0_c.astype(x.dtype) * x0_hat + eps_c.astype(x.dtype) * eps_hat
 
   def step(x, inputs):
     t, key, x0_c, eps_c, noise_std, keep_grad = inputs
+    t = jnp.asarray(t, jnp.int32)
     t_batch = jnp.full((batch,), t, jnp.int32)
-    mu_policy = mean_of(policy, x, t_batch, x0_c, eps_c, guidance)
+    mu_policy = mean_of(policy, x, t, t_batch, x0_c, eps_c, guidance)
     # Not stop_gradient: the reference's parameters are constants here, but its mean depends on
     # x_t, which depends on the policy; cutting that dependence biases the KL's gradient.
-    mu_reference = mean_of(reference, x, t_batch, x0_c, eps_c, None)
+    mu_reference = mean_of(reference, x, t, t_batch, x0_c, eps_c, None)
     kl = (jnp.sum(jnp.square(mu_policy - mu_reference), axis=reduce_axes)
           / (2.0 * jnp.square(noise_std).astype(x.dtype)))
     x_next = mu_policy + noise_std.astype(x.dtype) * jax.random.normal(key, x.shape, x.dtype)

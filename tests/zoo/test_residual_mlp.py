@@ -49,6 +49,29 @@ def test_label_embedding_is_required_exactly_when_built_with_one():
       in_features=4, out_features=4, width=8, num_blocks=1, rngs=rngs))
   with pytest.raises(ValueError, match="has no label embedding"):
     plain.apply(plain.init(jax.random.key(0)), x, t, jnp.array([0, 1]))
+  # The same checks on the scalar-time road.
+  with pytest.raises(ValueError, match="embeds labels"):
+    labelled.apply(params, x, 3)
+  with pytest.raises(ValueError, match="has no label embedding"):
+    plain.apply(plain.init(jax.random.key(0)), x, 3, jnp.array([0, 1]))
+
+
+@pytest.mark.parametrize("num_embeddings", [None, 5])
+def test_a_scalar_time_gives_the_per_row_values_and_gradients(num_embeddings):
+  model = functional.Functional(lambda rngs: residual_mlp.ResidualMLP(
+      in_features=6, out_features=6, width=16, num_blocks=2, num_embeddings=num_embeddings,
+      rngs=rngs))
+  params = jax.tree.map(lambda p: p + 0.05 * jnp.cos(jnp.arange(p.size).reshape(p.shape)),
+                        model.init(jax.random.key(0)))
+  x = jax.random.normal(jax.random.key(1), (7, 6))
+  labels = None if num_embeddings is None else jnp.array([0, 4, 2, 2, 1, 3, 0])
+  loss = lambda p, t: jnp.sum(jnp.sin(model.apply(p, x, t, labels)))
+  per_row, shared = jnp.full((7,), 413), jnp.asarray(413)
+  np.testing.assert_allclose(model.apply(params, x, shared, labels),
+                             model.apply(params, x, per_row, labels), rtol=1e-5, atol=1e-6)
+  for a, b in zip(jax.tree.leaves(jax.grad(loss)(params, shared)),
+                  jax.tree.leaves(jax.grad(loss)(params, per_row))):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
 def test_add_label_embedding_keeps_a_pretrained_networks_output_for_every_label():

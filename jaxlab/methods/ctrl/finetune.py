@@ -89,6 +89,10 @@ class Settings:
   policy_min_t: int = 0
   remat: bool = True
   unroll: int = 1
+  # The denoisers get each chain step's t as a scalar (every row shares it), so that the zoo's
+  # ResidualMLP runs its time and label path once per step and label rather than once per row
+  # (the same numbers; a digits update 0.47 -> 0.40 s). False for a denoiser that needs t [B].
+  shared_time: bool = True
   num_seeds: int = 1
   chunk_steps: int = 50
   ckpt_every: int = 250
@@ -250,7 +254,7 @@ def sample_with_kl(policy_apply: PolicyApply, params: PyTree, reference_apply: R
       lambda x, t: reference_apply(reference_params, x, t), schedule, x_T, keys,
       num_steps=settings.sample_steps, eta=settings.eta,
       parameterization=settings.parameterization, remat=settings.remat,
-      unroll=settings.unroll, grad_mask=grad_mask)
+      unroll=settings.unroll, grad_mask=grad_mask, shared_time=settings.shared_time)
 
 
 def sample(policy_apply: PolicyApply, params: PyTree, reference_apply: ReferenceApply,

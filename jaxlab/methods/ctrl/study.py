@@ -53,7 +53,8 @@ def chain_sample(denoise: sampling.DenoiseFn, schedule, x_T: jax.Array, key: jax
   keys = jax.random.split(key, num_steps)
   x0, _ = sampling.ddim_sample_with_kl(denoise, denoise, schedule, x_T, keys,
                                        num_steps=num_steps, eta=1.0,
-                                       parameterization=parameterization, guidance=guidance)
+                                       parameterization=parameterization, guidance=guidance,
+                                       shared_time=True)
   return x0
 
 

@@ -17,8 +17,13 @@ SCHEDULE = schedules.cosine_schedule(100)
 MEAN = 1.5
 
 
+def _rows(t, x):
+  """t per row: CTRL's chains hand the denoiser a scalar t (`Settings.shared_time`)."""
+  return jnp.broadcast_to(jnp.asarray(t), x.shape[:1])
+
+
 def exact_eps(x, t):
-  return jnp.sqrt(1.0 - SCHEDULE.alphas_cumprod[t])[:, None] * x
+  return jnp.sqrt(1.0 - SCHEDULE.alphas_cumprod[_rows(t, x)])[:, None] * x
 
 
 def guided_mean(guidance):
@@ -83,7 +88,7 @@ def test_weighted_reconstruction_guidance_gives_the_tilt_and_survives_a_biased_d
   reward = lambda x, y: -jnp.square(x[:, 0] - MEAN) / 2
 
   def guided(eps_scale, weighting):
-    eps = lambda x, t: eps_scale * jnp.sqrt(1.0 - schedule.alphas_cumprod[t])[:, None] * x
+    eps = lambda x, t: eps_scale * jnp.sqrt(1.0 - schedule.alphas_cumprod[_rows(t, x)])[:, None] * x
     guidance = baselines.reconstruction_guidance(eps, schedule, reward, labels, 1.0,
                                                  weighting=weighting)
     x_T = jax.random.normal(jax.random.key(1), (2000, 1))

@@ -6,6 +6,7 @@ untrained chain's reweighted by exp(r / alpha) (the strided chain's own law, whi
 narrower than N(0, 1)); the policy here adds a free affine correction per step to the exact eps,
 so it can represent that optimum up to the fixed per-step noise.
 """
+import dataclasses
 import functools
 
 import jax
@@ -25,12 +26,18 @@ T, STEPS, MEAN, SCALE = 100, 25, 1.0, 1.0
 SCHEDULE = schedules.cosine_schedule(T)
 
 
+def _rows(t, x):
+  """t per row: CTRL's chains hand the denoiser a scalar t (`Settings.shared_time`)."""
+  return jnp.broadcast_to(jnp.asarray(t), x.shape[:1])
+
+
 def exact_eps(x, t):
-  return jnp.sqrt(1.0 - SCHEDULE.alphas_cumprod[t])[:, None] * x
+  return jnp.sqrt(1.0 - SCHEDULE.alphas_cumprod[_rows(t, x)])[:, None] * x
 
 
 def policy_apply(params, x, t, label):
   del label
+  t = _rows(t, x)
   return exact_eps(x, t) + params["w1"][t][:, None] * x + params["w0"][t][:, None]
 
 
@@ -115,7 +122,32 @@ def test_kl_is_zero_at_init_with_lora_and_a_zero_label_table():
   kl = finetune.kl_at_init(lambda p, x, t, y: labelled.apply(p, x, t, y), policy_params,
                            lambda p, x, t: model.apply(p, x, t), pretrained, SCHEDULE, config,
                            jax.random.key(1), (4,))
-  assert float(kl) == 0.0
+  # Zero up to float32 rounding: with a scalar t the labelled network projects its label table,
+  # the unlabelled one a single row (per-row t: exactly 0). A label row of 1e-3 gives ~1e-3.
+  assert float(kl) < 1e-7
+  exact = finetune.kl_at_init(lambda p, x, t, y: labelled.apply(p, x, t, y), policy_params,
+                              lambda p, x, t: model.apply(p, x, t), pretrained, SCHEDULE,
+                              dataclasses.replace(config, shared_time=False),
+                              jax.random.key(1), (4,))
+  assert float(exact) == 0.0
+
+
+def test_shared_time_gives_the_per_row_chain_of_a_residual_mlp():
+  model = functional.Functional(lambda rngs: residual_mlp.ResidualMLP(
+      in_features=4, out_features=4, width=8, num_blocks=2, num_embeddings=4, rngs=rngs))
+  params = jax.tree.map(lambda p: p + 0.05, model.init(jax.random.key(0)))
+  reference = functional.Functional(lambda rngs: residual_mlp.ResidualMLP(
+      in_features=4, out_features=4, width=8, num_blocks=2, rngs=rngs))
+  reference_params = jax.tree.map(lambda p: p - 0.03, reference.init(jax.random.key(1)))
+  labels = jnp.array([0, 1, 2, 3, 1, 0])
+  chains = [finetune.sample_with_kl(
+      lambda p, x, t, y: model.apply(p, x, t, y), params,
+      lambda p, x, t: reference.apply(p, x, t), reference_params, SCHEDULE, labels,
+      jax.random.key(2), settings(num_labels=4, sample_steps=5, shared_time=shared),
+      (4,)) for shared in (True, False)]
+  for shared, per_row in zip(*chains):
+    np.testing.assert_allclose(shared, per_row, rtol=1e-4, atol=1e-6)
+  assert float(jnp.max(chains[0][1])) > 1e-3   # the two networks differ: a real KL
 
 
 def test_training_compiles_one_chunk_and_the_null_label_row_stays_zero(tmp_path):
