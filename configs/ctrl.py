@@ -63,11 +63,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                                             validation_fraction=0.2))
   # CTRL (jaxlab.methods.ctrl.finetune.Settings; num_labels comes from the task).
   # CTRL's RL updates are the shared train.steps (checkpointed and resumed by core.replicas).
-  # 200 updates of batch 64, the rates decaying to 0 by a cosine: what fits the issue's 10 minutes
-  # on 2 cores from a cold start (priors trained). toy2d's objective reaches its optimum -log Z
-  # near 400 updates (results/ablations/ctrl_convergence_toy2d_n50_T1000_cpu.json), so its claim
-  # about the converged law is the long preset's; 400 constant-rate updates took 1,056 s.
-  c.train.update(dict(steps=200, log_every=50, ckpt_every=200))
+  # 150 updates of batch 64, the rates decaying to 0 by a cosine: what fits the issue's 10 minutes
+  # on 2 cores from a cold start (priors trained: 646 s at 200 updates, 1,056 s at 400).
+  # toy2d's objective reaches its optimum -log Z near 400 updates
+  # (results/ablations/ctrl_convergence_toy2d_n50_T1000_cpu.json), so its claim about the
+  # converged law is the long preset's.
+  c.train.update(dict(steps=150, log_every=50, ckpt_every=150))
   c.ctrl = ml_collections.ConfigDict(dict(
       steps=c.train.get_ref("steps"), batch_size=64, sample_steps=25, eta=1.0, parameterization="eps", alpha=1.0,
       kl_reduction="sum", finetune="lora", lora_rank=4, lora_lr=1e-3, embedding_lr=1e-2,
@@ -75,7 +76,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       # jax.checkpoint per step is a switch; on, an update is faster here (digits: 0.375 against
       # 0.399 s, 3 seeds x batch 64, benchmarks/ctrl_speed.py): less memory traffic.
       remat=True,
-      chunk_steps=50, ckpt_every=200,
+      chunk_steps=50, ckpt_every=150,
       # The last two of the 25 DDIM steps (t = 79, 39) keep the pretrained denoiser: left to the
       # policy, the nearly noiseless last step takes all of digits' KL and nothing is learned
       # (results/ablations/ctrl_convergence_digits_class_n50_*T1000_cpu.json). A deviation.
