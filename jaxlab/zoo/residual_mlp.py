@@ -26,6 +26,7 @@ import jax.numpy as jnp
 
 from jaxlab.zoo.mlp import MLP
 from jaxlab.zoo.unet import add_label
+from jaxlab.zoo.unet import check_label
 from jaxlab.zoo.unet import sinusoidal_embedding
 
 
@@ -89,11 +90,9 @@ class ResidualMLP(nnx.Module):
     """(table, rows): the embedding of every label at time `t` [num_embeddings, width] and each
     sample's row of it, or without labels the one embedding [1, width] (rows None: it
     broadcasts)."""
+    check_label(self.label_embedding, label, "ResidualMLP")
     embedding = self.time_mlp(sinusoidal_embedding(t[None], self.width))
     if self.label_embedding is None:
-      add_label(embedding, None, label, t, "ResidualMLP")   # rejects a label
       return embedding, None
-    if label is None:
-      add_label(embedding, self.label_embedding, None, t, "ResidualMLP")   # asks for one
     chex.assert_shape(label, (batch,))
     return embedding + self.label_embedding.embedding[...], label

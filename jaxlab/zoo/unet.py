@@ -380,18 +380,24 @@ class UNet(nnx.Module):
     return (out, tapped) if taps else out
 
 
+def check_label(label_embedding: nnx.Embed | None, label: jax.Array | None,
+                network: str) -> None:
+  """Fails unless a label is passed exactly when the network embeds labels."""
+  if label_embedding is None and label is not None:
+    raise ValueError(f"this {network} has no label embedding (num_embeddings=None); "
+                     "do not pass a label")
+  if label_embedding is not None and label is None:
+    raise ValueError(f"this {network} embeds labels (num_embeddings="
+                     f"{label_embedding.num_embeddings}); pass label, an int array of shape [B]")
+
+
 def add_label(embedding: jax.Array, label_embedding: nnx.Embed | None,
               label: jax.Array | None, t: jax.Array, network: str) -> jax.Array:
   """The time embedding plus the label's (a network built with `num_embeddings`), checking that
   a label is passed exactly when the network embeds labels."""
+  check_label(label_embedding, label, network)
   if label_embedding is None:
-    if label is not None:
-      raise ValueError(f"this {network} has no label embedding (num_embeddings=None); "
-                       "do not pass a label")
     return embedding
-  if label is None:
-    raise ValueError(f"this {network} embeds labels (num_embeddings="
-                     f"{label_embedding.num_embeddings}); pass label, an int array of shape [B]")
   chex.assert_equal_shape([label, t])
   return embedding + label_embedding(label)
 

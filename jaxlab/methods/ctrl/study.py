@@ -48,13 +48,15 @@ class Problem:
 
 def chain_sample(denoise: sampling.DenoiseFn, schedule, x_T: jax.Array, key: jax.Array, *,
                  num_steps: int, parameterization: str,
-                 guidance: sampling.GuidanceFn | None = None) -> jax.Array:
-  """x0 of the shared chain (DDIM, eta = 1, ending at t = 0) under `denoise`."""
+                 guidance: sampling.GuidanceFn | None = None,
+                 shared_time: bool = True) -> jax.Array:
+  """x0 of the shared chain (DDIM, eta = 1, ending at t = 0) under `denoise` (given the step's t
+  as a scalar with `shared_time`, as CTRL's training chain: `finetune.Settings.shared_time`)."""
   keys = jax.random.split(key, num_steps)
   x0, _ = sampling.ddim_sample_with_kl(denoise, denoise, schedule, x_T, keys,
                                        num_steps=num_steps, eta=1.0,
                                        parameterization=parameterization, guidance=guidance,
-                                       shared_time=True)
+                                       shared_time=shared_time)
   return x0
 
 
@@ -87,7 +89,8 @@ def summarize_seeds(per_seed: list[dict[str, float]]) -> dict[str, Any]:
 
 
 def labelled_sampler(denoise_for: Callable[[Any, jax.Array], sampling.DenoiseFn], prior, *,
-                     num_steps: int, guidance_for=None) -> Callable[..., jax.Array]:
+                     num_steps: int, guidance_for=None,
+                     shared_time: bool = True) -> Callable[..., jax.Array]:
   """A jitted (params, labels [B], key) -> x0 for a label-conditional denoiser (and guidance);
   the params are an argument, so every seed's params share one compile."""
   shape = prior.spec.sample_shape
@@ -96,7 +99,8 @@ def labelled_sampler(denoise_for: Callable[[Any, jax.Array], sampling.DenoiseFn]
     x_T = jax.random.normal(jax.random.fold_in(key, 1), (labels.shape[0], *shape))
     return chain_sample(denoise_for(params, labels), prior.schedule, x_T, key,
                         num_steps=num_steps, parameterization=prior.spec.parameterization,
-                        guidance=None if guidance_for is None else guidance_for(labels))
+                        guidance=None if guidance_for is None else guidance_for(labels),
+                        shared_time=shared_time)
   return jax.jit(run)
 
 
@@ -143,6 +147,7 @@ def run_methods(config: ml_collections.ConfigDict, prior: priors.Prior, problem:
     started = now
 
   ctrl_settings = finetune.Settings.from_config(ctrl_group, num_labels=problem.num_labels)
+  shared_time = ctrl_settings.shared_time   # every chain as CTRL's training chain
   tuned = finetune.finetune(apply, policy_params, prior.apply, prior.params, prior.schedule,
                             problem.reward, ctrl_settings,
                             jax.random.fold_in(key, 1), sample_shape=prior.spec.sample_shape,
@@ -150,7 +155,8 @@ def run_methods(config: ml_collections.ConfigDict, prior: priors.Prior, problem:
                             progress=config.train.progress, desc=desc)
   conditional = labelled_sampler(
       lambda p, labels: finetune.policy_denoiser(apply, p, prior.apply, prior.params, labels,
-                                                 ctrl_settings), prior, num_steps=steps)
+                                                 ctrl_settings),
+      prior, num_steps=steps, shared_time=shared_time)
   out["ctrl"] = score_seeds(conditional, tuned.params, num, 100, problem, shown, "ctrl")
   last = tuned.history[-1] if tuned.history else {}
   train = {"reward": last.get("train/reward"), "kl": last.get("train/kl"),
@@ -161,13 +167,14 @@ def run_methods(config: ml_collections.ConfigDict, prior: priors.Prior, problem:
   base = lambda p, labels: (lambda xt, t: prior.apply(p, xt, t))
   unconditional = [prior.params] * seeds
   if "pretrained" in chosen:
-    pretrained = labelled_sampler(base, prior, num_steps=steps)
+    pretrained = labelled_sampler(base, prior, num_steps=steps, shared_time=shared_time)
     out["pretrained"] = score_seeds(pretrained, unconditional, num, 200, problem, shown,
                                     "pretrained")
     lap("pretrained")
   if "reconstruction_guidance" in chosen:
     denoise = lambda xt, t: prior.apply(prior.params, xt, t)
-    reconstruction = labelled_sampler(base, prior, num_steps=steps, guidance_for=lambda labels:
+    reconstruction = labelled_sampler(base, prior, num_steps=steps, shared_time=shared_time,
+                                      guidance_for=lambda labels:
                                       baselines.reconstruction_guidance(
                                           denoise, prior.schedule, problem.reward, labels,
                                           config.guidance.scale,
@@ -181,7 +188,8 @@ def run_methods(config: ml_collections.ConfigDict, prior: priors.Prior, problem:
                                   prior.schedule, hidden=tuple(config.reward.hidden),
                                   steps=config.guidance.noisy_classifier_steps,
                                   key=jax.random.fold_in(key, 2))
-    guided = labelled_sampler(base, prior, num_steps=steps, guidance_for=lambda labels:
+    guided = labelled_sampler(base, prior, num_steps=steps, shared_time=shared_time,
+                              guidance_for=lambda labels:
                               baselines.classifier_guidance(noisy, prior.schedule, labels,
                                                             config.guidance.scale))
     out["classifier_guidance"] = score_seeds(guided, unconditional, num, 400, problem, shown,
@@ -201,7 +209,7 @@ def run_methods(config: ml_collections.ConfigDict, prior: priors.Prior, problem:
       sampler = labelled_sampler(
           lambda p, labels, w=weight: baselines.cfg_denoiser(apply, p, labels,
                                                              problem.num_labels, w),
-          prior, num_steps=steps)
+          prior, num_steps=steps, shared_time=shared_time)
       out[f"cfg_w{weight:g}"] = score_seeds(sampler, per_seed, num, 500, problem, shown,
                                             f"cfg_w{weight:g}")
     lap("cfg")
