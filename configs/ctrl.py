@@ -9,9 +9,9 @@ its objective's optimum, so on toy2d it does not reach the target law p_pre(x) p
 CFG fine-tuned on the same labels, reconstruction and classifier guidance beside it. Numbers:
 results/ctrl.json, discussed (with the claims that fail) in jaxlab/methods/ctrl/README.md.
 
-Presets: smoke (tests, seconds), quick (the CPU reproduction), long (toy2d alone at 2,000 CTRL
-updates instead of 150, learning rates decaying by a cosine, for the claim about the converged
-law: results/ctrl_long.json, ~20 minutes), paper (= quick: the paper has no small-scale setting to copy; its official runs
+Presets: smoke (tests, seconds), quick (the CPU reproduction), long (every task, toy2d at 2,000
+CTRL updates and the digits at 1,000 instead of 150, for the claims about CTRL near its
+objective's optimum: results/ctrl_long.json, ~45 minutes), paper (= quick: the paper has no small-scale setting to copy; its official runs
 fine-tune Stable Diffusion).
 """
 from __future__ import annotations
@@ -70,6 +70,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # (results/ablations/ctrl_convergence_toy2d_n50_T1000_cpu.json), so its claim about the
   # converged law is the long preset's.
   c.train.update(dict(steps=150, log_every=50, ckpt_every=150))
+  # A task group's own count of CTRL updates (and CFG steps), in place of train.steps; None keeps
+  # train.steps. The long preset gives the digits fewer than toy2d: an update costs 2.5x.
+  c.toy2d.rl_steps = ml_collections.config_dict.placeholder(int)
+  c.digits.rl_steps = ml_collections.config_dict.placeholder(int)
   c.ctrl = ml_collections.ConfigDict(dict(
       steps=c.train.get_ref("steps"), batch_size=64, sample_steps=25, eta=1.0, parameterization="eps", alpha=1.0,
       kl_reduction="sum", finetune="lora", lora_rank=4, lora_lr=1e-3, embedding_lr=1e-2,
@@ -98,8 +102,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # toy2d's claim is about the tuned law itself (within twice the noise floor of the target),
     # which needs CTRL at its optimum; at 400 updates its loss is still falling
     # (results/ablations/ctrl_convergence_toy2d_n50_T1000_cpu.json).
-    c.tasks = "toy2d"
     c.train.update(dict(steps=2000, log_every=100, ckpt_every=500))
+    # The digits' objective flattens after ~450 updates at a constant rate
+    # (results/ablations/ctrl_convergence_digits_class_n50_frozen_below_t100_T1000_cpu.json);
+    # 1,000 with the cosine decay, CFG fine-tuned for as many.
+    c.digits.rl_steps = 1000
     c.ctrl.ckpt_every = 500
     # At a constant rate, 2,000 updates left CTRL hovering 2-4 noise floors from the target
     # (results/ctrl_long.json at 8510fa7): the rates decay to 0 by the last update.

@@ -8,6 +8,7 @@ run, loaded after); CTRL's fine-tuning resumes from `<workdir>/<task>/ctrl_n<N>/
 """
 from __future__ import annotations
 
+import copy
 import os
 import time
 
@@ -56,6 +57,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
   config_lib.require(ink.num_digit + ink.num_ink - ink.num_both <= train_size, "digits.ink",
                      f"num_digit + num_ink - num_both must be at most {train_size}")
   for group in ("toy2d", "digits"):
+    rl_steps = config[group].rl_steps
+    config_lib.require(rl_steps is None or rl_steps > 0, f"{group}.rl_steps",
+                       f"must be a positive number of updates or None, got {rl_steps}")
     try:
       priors.PriorSpec.from_config(config[group].prior)
     except priors.SpecError as e:
@@ -227,6 +231,18 @@ def _collect(metrics: dict, task: str, rows: dict, prior: priors.Prior) -> None:
   metrics.setdefault("prior", {})[task] = prior.summary()
 
 
+def with_group_steps(config: ml_collections.ConfigDict, group: str) -> ml_collections.ConfigDict:
+  """`config` with train.steps (so CTRL's updates and CFG's steps, which refer to it) set to
+  `<group>.rl_steps` where that is given."""
+  rl_steps = config[group].rl_steps
+  if rl_steps is None:
+    return config
+  grouped = copy.deepcopy(config)
+  with grouped.unlocked():
+    grouped.train.steps = int(rl_steps)
+  return grouped
+
+
 def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
   start = time.perf_counter()
   validate(config)
@@ -239,7 +255,7 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                  progress=config.train.progress)
     rows = {}
     for size in config.data.offline_sizes:
-      rows[f"n{size}"] = toy2d.run_size(config, prior, int(size),
+      rows[f"n{size}"] = toy2d.run_size(with_group_steps(config, "toy2d"), prior, int(size),
                                         os.path.join(workdir, "toy2d"))
     _collect(metrics, "toy2d", rows, prior)
     claims += toy2d_claims(metrics["toy2d"])
@@ -251,7 +267,7 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
     spec = priors.PriorSpec.from_config(config.digits.prior)
     prior = priors.load_or_train(spec, config.digits.prior.cache_dir,
                                  progress=config.train.progress)
-    found = digit_tasks.run(config, prior, digits_selected, workdir)
+    found = digit_tasks.run(with_group_steps(config, "digits"), prior, digits_selected, workdir)
     metrics["oracle_test_accuracy"] = found.pop("oracle_test_accuracy")
     for task, rows in found.items():
       _collect(metrics, task, rows, prior)

@@ -160,7 +160,7 @@ def run_methods(config: ml_collections.ConfigDict, prior: priors.Prior, problem:
   out["ctrl"] = score_seeds(conditional, tuned.params, num, 100, problem, shown, "ctrl")
   last = tuned.history[-1] if tuned.history else {}
   train = {"reward": last.get("train/reward"), "kl": last.get("train/kl"),
-           "wall_s": tuned.wall_s}
+           "steps": ctrl_settings.steps, "wall_s": tuned.wall_s}
   lap("ctrl")
 
   chosen = config_lib.select_names(config, "baselines", BASELINES)

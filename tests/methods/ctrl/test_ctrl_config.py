@@ -20,6 +20,7 @@ def smoke(**overrides):
     ({"baselines": "dps"}, "baselines"),
     ({"data.offline_sizes": (5,)}, "offline_sizes"),
     ({"toy2d.prior.num_steps": 1}, "num_steps"),
+    ({"digits.rl_steps": 0}, "digits.rl_steps"),
 ])
 def test_bad_config_fails_before_compiling(overrides, message):
   with pytest.raises(config_lib.ConfigError, match=message):
@@ -38,6 +39,14 @@ def test_smoke_config_validates():
 def test_bad_digits_config_fails_before_compiling(overrides, message):
   with pytest.raises(config_lib.ConfigError, match=message):
     ctrl_experiment.validate(smoke(**overrides))
+
+
+def test_a_group_steps_override_reaches_ctrl_and_cfg_and_leaves_the_config_alone():
+  config = config_lib.load_config(ROOT / "configs" / "ctrl.py", "long")
+  digits = ctrl_experiment.with_group_steps(config, "digits")
+  assert (digits.train.steps, digits.ctrl.steps, digits.cfg.steps) == (1000, 1000, 1000)
+  assert (config.train.steps, config.ctrl.steps, config.cfg.steps) == (2000, 2000, 2000)
+  assert ctrl_experiment.with_group_steps(config, "toy2d") is config
 
 
 def test_headline_names_the_better_cfg_and_needs_the_compositional_task():
