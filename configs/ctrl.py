@@ -12,8 +12,8 @@ results/ctrl.json, discussed (with the claims that fail) in jaxlab/methods/ctrl/
 
 Presets: smoke (tests, seconds), quick (the CPU reproduction), long (every task, toy2d at 2,000
 CTRL updates and the digits at 1,000 instead of 150, for the claims about CTRL near its
-objective's optimum: results/ctrl_long.json, ~32 minutes), paper (= quick: the paper has no small-scale setting to copy; its official runs
-fine-tune Stable Diffusion).
+objective's optimum: results/ctrl_long.json, ~32 minutes), paper (= quick: the paper has no
+small-scale setting to copy; its official runs fine-tune Stable Diffusion).
 """
 from __future__ import annotations
 
