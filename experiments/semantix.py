@@ -27,6 +27,7 @@ import numpy as np
 from jaxlab.core import cli
 from jaxlab.core import config as config_lib
 from jaxlab.core import metrics as metrics_progress
+from jaxlab.core import parallel
 from jaxlab.core import results
 from jaxlab.data import scenes
 from jaxlab.diffusion import priors
@@ -79,15 +80,26 @@ def settings(config: ml_collections.ConfigDict):
   return run, methods, spec
 
 
+def on_mesh(prior: priors.Prior, mesh) -> priors.Prior:
+  """The prior with its weights and schedule replicated over `mesh`, whose devices the batches
+  are split over (the prior's training mesh may hold more devices than a batch fills)."""
+  replicated = parallel.replicated(mesh)
+  return prior._replace(params=parallel.put(prior.params, replicated),
+                        schedule=parallel.put(prior.schedule, replicated))
+
+
 def invert_pairs(prior, run, pairs, batch_size, seed) -> list:
   """The inversions of every batch of pairs (batch b: key fold_in(seed, b)), shared by every
-  method and every tuning run."""
+  method and every tuning run. Each batch is split over the devices `prior` is replicated on
+  (`on_mesh`): the inversions, and every transfer from them, run data-parallel."""
+  sharding = parallel.data_sharded(jax.tree.leaves(prior.params)[0].sharding.mesh)
   out = []
   for index, begin in enumerate(range(0, len(pairs["context"]), batch_size)):
     part = slice(begin, begin + batch_size)
     key = jax.random.fold_in(jax.random.key(seed), index)
-    out.append((part, key, transfer_lib.invert(prior, pairs["context"][part],
-                                               pairs["reference"][part],
+    context, reference = parallel.put((np.asarray(pairs["context"][part]),
+                                       np.asarray(pairs["reference"][part])), sharding)
+    out.append((part, key, transfer_lib.invert(prior, context, reference,
                                                jax.random.split(key)[0], run)))
   return out
 
@@ -299,6 +311,7 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
   start = time.perf_counter()
   run, methods, spec = settings(config)
   prior = priors.load_or_train(spec, config.prior.cache_dir, progress=config.train.progress)
+  prior = on_mesh(prior, parallel.batch_mesh(config.data.batch_size, config.mesh))
   pairs = scenes.semantix_pairs(config.data.num_pairs, config.data.pair_seed,
                                 size=config.data.size)
   validation = scenes.semantix_pairs(config.data.num_validation, config.data.validation_seed,

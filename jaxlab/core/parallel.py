@@ -9,6 +9,7 @@ Nothing here touches the JAX backend at import time, so `--distributed` can call
 """
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, Callable
 
@@ -65,6 +66,21 @@ def make_mesh(mesh_config: ml_collections.ConfigDict | None = None,
         ml_collections.ConfigDict(dict(mesh=mesh_config)), len(devices))
   return jax.make_mesh((size,), (DATA_AXIS,), axis_types=(AxisType.Auto,),
                        devices=devices[:size])
+
+
+def batch_mesh(batch_size: int, mesh_config: ml_collections.ConfigDict | None = None,
+               devices: list[jax.Device] | None = None) -> Mesh:
+  """The data mesh for batches of `batch_size`: the largest number of the (configured) data
+  devices that divides it, so that a batch too small for every device is still split, never
+  computed whole on each of them (which costs a host of simulated CPU devices that many times the
+  arithmetic)."""
+  devices = list(devices if devices is not None else jax.devices())
+  if batch_size <= 0:
+    raise ValueError(f"batch_size must be positive, got {batch_size}")
+  size = len(devices)
+  if mesh_config is not None:
+    size = config_lib.data_axis_size(ml_collections.ConfigDict(dict(mesh=mesh_config)), size)
+  return make_mesh(devices=devices[:math.gcd(size, batch_size)])
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

@@ -1,6 +1,7 @@
 """8 simulated devices; one data-parallel update equals the same update on one device."""
 import chex
 import jax
+import ml_collections
 import numpy as np
 
 from jaxlab.core import config as config_lib
@@ -67,3 +68,11 @@ def test_flow_mi_fit_over_8_devices_equals_one_device():
                          mesh=parallel.make_mesh(devices=devices)).best_mi
              for devices in (jax.devices()[:1], jax.devices())]
   np.testing.assert_allclose(results[1], results[0], rtol=1e-5, atol=1e-6)
+
+
+def test_a_batch_mesh_takes_the_most_devices_that_divide_the_batch():
+  assert parallel.batch_mesh(4).devices.size == 4
+  assert parallel.batch_mesh(12).devices.size == 4
+  assert parallel.batch_mesh(16).devices.size == 8
+  assert parallel.batch_mesh(3).devices.size == 1
+  assert parallel.batch_mesh(16, ml_collections.ConfigDict(dict(data=2))).devices.size == 2
