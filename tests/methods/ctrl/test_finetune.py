@@ -9,6 +9,7 @@ so it can represent that optimum up to the fixed per-step noise.
 import dataclasses
 import functools
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -150,7 +151,7 @@ def test_shared_time_gives_the_per_row_chain_of_a_residual_mlp():
   assert float(jnp.max(chains[0][1])) > 1e-3   # the two networks differ: a real KL
 
 
-def test_training_compiles_one_chunk_and_the_null_label_row_stays_zero(tmp_path):
+def test_training_compiles_one_chunk_and_the_null_label_row_stays_zero(tmp_path, monkeypatch):
   model = functional.Functional(lambda rngs: residual_mlp.ResidualMLP(
       in_features=2, out_features=2, width=8, num_blocks=1, num_embeddings=3, rngs=rngs))
   base = functional.Functional(lambda rngs: residual_mlp.ResidualMLP(
@@ -161,6 +162,10 @@ def test_training_compiles_one_chunk_and_the_null_label_row_stays_zero(tmp_path)
   config = settings(num_labels=2, finetune="lora", lora_rank=2, batch_size=8, sample_steps=4,
                     steps=6, chunk_steps=2, ckpt_every=2, num_seeds=2, truncation="per_step")
   reward = lambda x0, y: jax.nn.log_sigmoid(jnp.where(y == 1, 4.0, -4.0) * x0[:, 0])
+  # The loss is traced once for every update of every seed of every chunk: the steps in a
+  # lax.scan, the seeds in a vmap, the chunk bounds traced.
+  chex.clear_trace_counter()
+  monkeypatch.setattr(finetune, "objective", chex.assert_max_traces(finetune.objective, n=1))
   init, chunk = finetune._training_functions(  # pylint: disable=protected-access
       lambda p, x, t, y: model.apply(p, x, t, y), lambda p, x, t: base.apply(p, x, t), reward,
       config, (2,), 2)
@@ -169,6 +174,7 @@ def test_training_compiles_one_chunk_and_the_null_label_row_stays_zero(tmp_path)
     state, metrics = chunk(state, policy_params, pretrained, SCHEDULE, jnp.asarray(start),
                            jnp.asarray(start + 2))
   assert chunk._cache_size() == 1  # pylint: disable=protected-access
+  monkeypatch.undo()   # the public call below builds (and traces) its own chunk
   table = np.asarray(state["trained"]["embedding"])
   assert table.shape == (2, 3, 8)
   assert np.all(table[:, -1] == 0) and np.any(table[:, :2] != 0)
