@@ -27,14 +27,9 @@ PADDED_METHODS = ("ae",)
 @functools.lru_cache(maxsize=None)
 def chunk_function(settings: agent.AgentSettings,
                    sharding: jax.sharding.Sharding | None = None):
-  """jit(vmap(one replica's chunk)) over seeds; `start` and `stop` are shared.
-
-  The state is not donated: with it donated, XLA:CPU (jax 0.10.2) never completes the first
-  chunk of `pca` and `npca` over 5 seeds at the paper preset's shapes (every thread idle, the
-  caller waiting on the output buffer); undonated they run (9.5 s for 1,000 steps). The cost is
-  one copy of the state per chunk."""
+  """jit(vmap(one replica's chunk)) over seeds; `start` and `stop` are shared."""
   return jax.jit(jax.vmap(agent.replica_chunk(settings), in_axes=(0, 0, None, None, None)),
-                 out_shardings=(sharding, None))
+                 donate_argnums=0, out_shardings=(sharding, None))
 
 
 @functools.lru_cache(maxsize=None)
