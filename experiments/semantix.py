@@ -80,19 +80,11 @@ def settings(config: ml_collections.ConfigDict):
   return run, methods, spec
 
 
-def on_mesh(prior: priors.Prior, mesh) -> priors.Prior:
-  """The prior with its weights and schedule replicated over `mesh`, whose devices the batches
-  are split over (the prior's training mesh may hold more devices than a batch fills)."""
-  replicated = parallel.replicated(mesh)
-  return prior._replace(params=parallel.put(prior.params, replicated),
-                        schedule=parallel.put(prior.schedule, replicated))
-
-
-def invert_pairs(prior, run, pairs, batch_size, seed) -> list:
+def invert_pairs(prior, run, pairs, batch_size, seed, mesh) -> list:
   """The inversions of every batch of pairs (batch b: key fold_in(seed, b)), shared by every
-  method and every tuning run. Each batch is split over the devices `prior` is replicated on
-  (`on_mesh`): the inversions, and every transfer from them, run data-parallel."""
-  sharding = parallel.data_sharded(jax.tree.leaves(prior.params)[0].sharding.mesh)
+  method and every tuning run. Each batch is split over `mesh` (where `prior` is replicated,
+  `priors.replicated_on`): the inversions, and every transfer from them, run data-parallel."""
+  sharding = parallel.data_sharded(mesh)
   out = []
   for index, begin in enumerate(range(0, len(pairs["context"]), batch_size)):
     part = slice(begin, begin + batch_size)
@@ -106,7 +98,7 @@ def invert_pairs(prior, run, pairs, batch_size, seed) -> list:
 
 def run_method(prior, run, method, weights, pairs, inverted) -> np.ndarray:
   """Outputs [N, H, W, 3] in [0, 1] of one method over the inverted batches."""
-  return np.concatenate([np.asarray(transfer_lib.transfer(
+  return np.concatenate([parallel.fetch(transfer_lib.transfer(
       prior, pairs["context"][part], pairs["reference"][part], key, run, method, weights,
       inverted=inv)) for part, key, inv in inverted])
 
@@ -118,13 +110,13 @@ def scores(outputs, pairs) -> dict[str, np.ndarray]:
                                                                pairs["context_classes"])}
 
 
-def tune(prior, run, config, validation, methods, progress) -> dict:
+def tune(prior, run, config, validation, methods, progress, mesh) -> dict:
   """The guidance settings, by the lowest mean class colour error on the validation pairs (never
   the reported ones), in two stages for `semantix` (its ablations reuse the result): eta x PE
   weight at l_p = l_d = 1 (l_s = 1 sets the scale: the gradient is normalised), then l_p x l_d
   at the chosen eta and PE weight. `global_guidance` gets its own eta."""
   g = config.guidance
-  inverted = invert_pairs(prior, run, validation, config.data.batch_size, config.seed + 1)
+  inverted = invert_pairs(prior, run, validation, config.data.batch_size, config.seed + 1, mesh)
   table = []
 
   def error(method, eta, pe, spatial, sd):
@@ -164,7 +156,7 @@ def save_arrays(path: str, **arrays) -> None:
     np.savez(f, **arrays)
 
 
-def tuned_once(prior, run, config, validation, methods, stages: str) -> dict:
+def tuned_once(prior, run, config, validation, methods, stages: str, mesh) -> dict:
   path = os.path.join(stages, "tuning.json")
   if os.path.exists(path):
     with open(path, encoding="utf-8") as f:
@@ -172,7 +164,7 @@ def tuned_once(prior, run, config, validation, methods, stages: str) -> dict:
   bar = metrics_progress.Progress(tuning_runs(config, methods), desc="semantix tuning",
                                   enabled=config.train.progress, show_rate=False)
   try:
-    tuned = tune(prior, run, config, validation, methods, bar)
+    tuned = tune(prior, run, config, validation, methods, bar, mesh)
   finally:
     bar.close()
   metrics_progress.write_json(path, tuned)
@@ -311,13 +303,14 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
   start = time.perf_counter()
   run, methods, spec = settings(config)
   prior = priors.load_or_train(spec, config.prior.cache_dir, progress=config.train.progress)
-  prior = on_mesh(prior, parallel.batch_mesh(config.data.batch_size, config.mesh))
+  mesh = parallel.batch_mesh(config.data.batch_size, config.mesh)
+  prior = priors.replicated_on(prior, mesh)
   pairs = scenes.semantix_pairs(config.data.num_pairs, config.data.pair_seed,
                                 size=config.data.size)
   validation = scenes.semantix_pairs(config.data.num_validation, config.data.validation_seed,
                                      size=config.data.size)
   stages = config_lib.stage_dir(config, workdir)
-  tuned = tuned_once(prior, run, config, validation, methods, stages)
+  tuned = tuned_once(prior, run, config, validation, methods, stages, mesh)
   g = config.guidance
   inversions = {}
 
@@ -326,7 +319,7 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> dict:
     if not inversions:
       tic = time.perf_counter()
       inversions["batches"] = invert_pairs(prior, run, pairs, config.data.batch_size,
-                                           config.seed)
+                                           config.seed, mesh)
       inversions["s_per_pair"] = (time.perf_counter() - tic) / len(pairs["context"])
     return inversions["batches"]
 

@@ -35,6 +35,7 @@ import numpy as np
 import optax
 
 from jaxlab.core import config as config_lib
+from jaxlab.core import parallel
 from jaxlab.core import train_loop
 from jaxlab.data import digits
 from jaxlab.data import pipeline
@@ -215,6 +216,15 @@ class Prior(NamedTuple):
     """What a results file records about the prior it used."""
     return {"source": self.source, "train_s": self.train_s, "key": self.spec.key(),
             "spec": self.spec.to_dict()}
+
+
+def replicated_on(prior: Prior, mesh: jax.sharding.Mesh) -> Prior:
+  """`prior` with its weights and schedule replicated over `mesh`. `load_or_train` leaves them
+  replicated over its training mesh (every device); a consumer that splits smaller batches over
+  fewer devices places the prior there, so no device computes a batch whole."""
+  replicated = parallel.replicated(mesh)
+  return prior._replace(params=parallel.put(prior.params, replicated),
+                        schedule=parallel.put(prior.schedule, replicated))
 
 
 def cache_root(cache_dir: str | os.PathLike | None = None) -> pathlib.Path:

@@ -184,7 +184,7 @@ def test_a_rerun_reuses_finished_stages_and_a_new_config_does_not(monkeypatch, t
 
   monkeypatch.setattr(semantix_experiment.priors, "load_or_train",
                       lambda *args, **kwargs: FakePrior())
-  monkeypatch.setattr(semantix_experiment, "on_mesh", lambda prior, mesh: prior)
+  monkeypatch.setattr(semantix_experiment.priors, "replicated_on", lambda prior, mesh: prior)
   monkeypatch.setattr(semantix_experiment, "tune", fake_tune)
   monkeypatch.setattr(semantix_experiment, "invert_pairs", fake_invert)
   monkeypatch.setattr(semantix_experiment, "run_method", fake_run)
@@ -220,8 +220,9 @@ def test_pairs_split_over_devices_give_the_outputs_of_one_device():
   weights = transfer.method_weights("semantix", 1.0, 1.0, 1.0, 1.0, 1.0)
   outputs = []
   for devices in (jax.devices(), jax.devices()[:1]):
-    placed = semantix_experiment.on_mesh(whole, parallel.batch_mesh(4, devices=devices))
-    inverted = semantix_experiment.invert_pairs(placed, SETTINGS, pairs, 4, seed=0)
+    mesh = parallel.batch_mesh(4, devices=devices)
+    placed = priors.replicated_on(whole, mesh)
+    inverted = semantix_experiment.invert_pairs(placed, SETTINGS, pairs, 4, 0, mesh)
     outputs.append(semantix_experiment.run_method(placed, SETTINGS, "semantix", weights, pairs,
                                                   inverted))
     assert len(inverted[0][2].context.sharding.device_set) == min(len(devices), 4)
