@@ -26,11 +26,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.sparsities = (0.3, 0.5, 0.7, 0.9)
   # The reconstructed GD mask (README, Deviations): lam weighs ||M||^2 against the attention
   # error, in units of the error's curvature at M = 1 ("curvature"; "absolute": as written);
-  # steps of plain GD at eta = 1 / L_hat (power iteration on Hessian-vector products at M = 1);
-  # binarised by |M| ("mask") or |M o W| ("mask_times_weight"); kept entries take W o M
-  # (keep_values) or W. lam and steps from a check on the synthetic instances (pruning.py).
-  c.gd = ml_collections.ConfigDict(dict(lam=0.01, lam_scale="curvature", steps=300,
-                                        score="mask", keep_values=True, power_iterations=30))
+  # each head (each synthetic instance) takes the lam of `lams` whose binarised mask has the
+  # least attention error on the calibration sequences; steps of plain GD at eta = 1 / L_hat
+  # (power iteration on Hessian-vector products at M = 1); binarised by |M| ("mask") or |M o W|
+  # ("mask_times_weight"); kept entries take W o M (keep_values) or W. The grid and steps from
+  # checks on the synthetic instances and the LM (pruning.py).
+  c.gd = ml_collections.ConfigDict(dict(lams=(0.01, 0.003, 0.001), lam_scale="curvature",
+                                        steps=300, score="mask", keep_values=True,
+                                        power_iterations=30))
   c.sparsegpt = ml_collections.ConfigDict(dict(blocksize=128, damp=0.01))
   # (a) Synthetic attention: N tokens of width d, logit std c (near-linear to saturated).
   c.synthetic = ml_collections.ConfigDict(dict(num_tokens=64, width=32,
@@ -47,7 +50,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.settings = "merged,factors"
   # One reconstructed choice changed at a time on the `factors` GD mask (README, Ablation).
   c.ablations = \
-      "score_mask_times_weight,no_keep_values,lam_x10,lam_div10,absolute_lam,non_causal"
+      "score_mask_times_weight,no_keep_values,fixed_lam,lam_div10,absolute_lam,non_causal"
 
   if preset == "paper":
     c.model.update(dict(width=256, depth=4, num_heads=8))

@@ -38,14 +38,16 @@ def options(config: ml_collections.ConfigDict):
   config_lib.require(len(sparsities) >= 1 and all(0.0 <= s < 1.0 for s in sparsities),
                      "sparsities", f"each must be in [0, 1), got {sparsities}")
   gd = config.gd
-  config_lib.require(gd.lam >= 0, "gd.lam", f"must be >= 0, got {gd.lam}")
+  lams = tuple(float(lam) for lam in gd.lams)
+  config_lib.require(len(lams) >= 1 and all(lam >= 0 for lam in lams), "gd.lams",
+                     f"needs at least one value, each >= 0, got {lams}")
   config_lib.require(gd.steps >= 1, "gd.steps", f"must be >= 1, got {gd.steps}")
   config_lib.require_choice(config, "gd.score", pruning.SCORES)
   config_lib.require_choice(config, "gd.lam_scale", pruning.LAM_SCALES)
   config_lib.require(config.data.calibration_seeds >= 2, "data.calibration_seeds",
                      "the claims pair methods over calibration draws: need >= 2, got "
                      f"{config.data.calibration_seeds}")
-  gd_options = study.GdOptions(lam=float(gd.lam), lam_scale=gd.lam_scale, steps=int(gd.steps),
+  gd_options = study.GdOptions(lams=lams, lam_scale=gd.lam_scale, steps=int(gd.steps),
                                iterations=int(gd.power_iterations), score=gd.score,
                                keep_values=bool(gd.keep_values))
   sparsegpt = dict(blocksize=int(config.sparsegpt.blocksize), damp=float(config.sparsegpt.damp))
@@ -80,6 +82,8 @@ def charlm_study(config, corpus, workdir, methods, sparsities, settings, ablatio
       block[key] = {m: float(np.mean([r[key][m] for r in per_draw]))
                     for m in ("bpc", "ppl", "attn_err")}
       block[key]["draws"] = {m: [r[key][m] for r in per_draw] for m in ("bpc", "ppl")}
+      if "lam" in per_draw[0][key]:
+        block[key]["lam"] = lam_counts([r[key]["lam"] for r in per_draw])
     if "gd_loss_monotone" in per_draw[0]:
       block["gd_loss_monotone"] = bool(all(r["gd_loss_monotone"] for r in per_draw))
     return block
@@ -99,6 +103,12 @@ def charlm_study(config, corpus, workdir, methods, sparsities, settings, ablatio
                                             if k.startswith("s")}})
     out["ablation"][name] = {k: v for k, v in block.items() if k.startswith("s")}
   return out, seconds
+
+
+def lam_counts(chosen) -> dict[str, int]:
+  """How many heads (over layers and draws) took each lam of the grid."""
+  values = np.asarray(chosen, np.float64).reshape(-1)
+  return {f"{lam:g}": int(np.sum(values == lam)) for lam in np.unique(values)}
 
 
 def claims_of(metrics, methods, sparsities, settings):

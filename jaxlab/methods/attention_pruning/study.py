@@ -27,7 +27,7 @@ BASELINES = ("magnitude", "wanda", "sparsegpt")
 ABLATIONS = {
     "score_mask_times_weight": dict(score="mask_times_weight"),
     "no_keep_values": dict(keep_values=False),
-    "lam_x10": dict(lam_factor=10.0),
+    "fixed_lam": dict(lams=(pruning.DEFAULT_LAM,)),
     "lam_div10": dict(lam_factor=0.1),
     "absolute_lam": dict(lam_scale="absolute"),
     "non_causal": dict(causal=False),
@@ -38,7 +38,9 @@ MONOTONE_RTOL = 1e-6
 
 @dataclasses.dataclass(frozen=True)
 class GdOptions:
-  lam: float = pruning.DEFAULT_LAM
+  """The GD mask's settings; each head takes the lam of `lams` whose binarised mask keeps its
+  calibration attention matrix best (one lam: no choice)."""
+  lams: tuple[float, ...] = pruning.DEFAULT_LAMS
   lam_scale: str = "curvature"
   steps: int = pruning.DEFAULT_STEPS
   iterations: int = pruning.POWER_ITERATIONS
@@ -49,7 +51,8 @@ class GdOptions:
   def ablated(self, change: dict[str, Any]) -> "GdOptions":
     change = dict(change)
     factor = change.pop("lam_factor", 1.0)
-    return dataclasses.replace(self, lam=self.lam * factor, **change)
+    lams = tuple(float(lam) * factor for lam in change.pop("lams", self.lams))
+    return dataclasses.replace(self, lams=lams, **change)
 
 
 def is_monotone(losses: np.ndarray) -> bool:
@@ -70,23 +73,28 @@ def synthetic_study(*, logit_stds: Sequence[float], instances: int, num_tokens: 
                     sparsities: Sequence[float], methods: Sequence[str], gd: GdOptions,
                     sparsegpt_options: dict[str, Any]) -> dict[str, Any]:
   """metrics.synthetic.c<c>.<method>.s<s>.{attn_err, out_err, linear_err} ({mean, std, values}
-  over instances) and c<c>.gd_loss.{first, last, monotone}."""
+  over instances), the GD mask's chosen lam per instance (c<c>.gd_mask.s<s>.lam) and
+  c<c>.gd_loss.{first, last} (at the grid's first lam) and monotone (every lam)."""
   out: dict[str, Any] = {}
   for c in logit_stds:
     rows: dict[str, dict[str, dict[str, list[float]]]] = {}
-    firsts, lasts, monotone = [], [], []
+    firsts, lasts, monotone, chosen = [], [], [], {}
     for inst in synthetic.instances(c, instances, num_tokens=num_tokens, width=width):
       for method in methods:
         if method == "gd_mask":
-          mask, losses = pruning.gd_mask(inst.x, inst.w, lam=gd.lam, steps=gd.steps,
-                                         causal=False, lam_scale=gd.lam_scale,
-                                         iterations=gd.iterations)
+          masks, losses = pruning.gd_mask_grid(inst.x, inst.w, lams=gd.lams, steps=gd.steps,
+                                               causal=False, lam_scale=gd.lam_scale,
+                                               iterations=gd.iterations)
           losses = np.asarray(losses)
-          firsts.append(float(losses[0]))
-          lasts.append(float(losses[-1]))
-          monotone.append(is_monotone(losses))
-          pruned = {s: np.asarray(pruning.binarise(mask, inst.w, s, gd.score,
-                                                   gd.keep_values)[1]) for s in sparsities}
+          firsts.append(float(losses[0, 0]))
+          lasts.append(float(losses[0, -1]))
+          monotone.append(all(is_monotone(l) for l in losses))
+          pruned = {}
+          for s in sparsities:
+            w_new, best, _ = pruning.select_binarised(inst.x, inst.w, masks, s, gd.score,
+                                                      gd.keep_values)
+            pruned[s] = np.asarray(w_new)
+            chosen.setdefault(f"s{s}", []).append(gd.lams[int(best)])
         else:
           options = sparsegpt_options if method == "sparsegpt" else {}
           pruned = {s: pruning.prune(inst.x, inst.w, method, s, **options)[1]
@@ -104,6 +112,8 @@ def synthetic_study(*, logit_stds: Sequence[float], instances: int, num_tokens: 
       block["gd_loss"] = {"first": _summary(firsts), "last": _summary(lasts),
                           "monotone": bool(all(monotone)),
                           "monotone_instances": int(sum(monotone))}
+      for key, lams in chosen.items():
+        block["gd_mask"][key]["lam"] = lams
     out[f"c{c}"] = block
   return out
 
@@ -116,17 +126,19 @@ def synthetic_study(*, logit_stds: Sequence[float], instances: int, num_tokens: 
 class LayerPruned:
   query_key: dict[str, jax.Array]     # what the backbone runs this layer with
   attn_err: float                     # relative error of f on the calibration input, mean of heads
+  lams: tuple[float, ...] = ()        # the GD mask's lam per head (chosen on the calibration input)
 
 
 @functools.partial(jax.jit, static_argnames=("options",))
 def _continuous_masks(x, weights, options: GdOptions):
-  """GD masks for every head at once: weights is [H, D, D] (merged) or a pair of [H, D, Dh]."""
-  common = dict(lam=options.lam, steps=options.steps, causal=options.causal,
+  """GD masks for every head and lam at once: weights is [H, D, D] (merged, masks [H, G, D, D])
+  or a pair of [H, D, Dh] (masks a pair of [H, G, D, Dh])."""
+  common = dict(lams=options.lams, steps=options.steps, causal=options.causal,
                 lam_scale=options.lam_scale, iterations=options.iterations)
   if isinstance(weights, tuple):
-    run = lambda w_q, w_k: pruning.gd_mask_factors(x, w_q, w_k, **common)
+    run = lambda w_q, w_k: pruning.gd_mask_factors_grid(x, w_q, w_k, **common)
     return jax.vmap(run)(*weights)
-  return jax.vmap(lambda w: pruning.gd_mask(x, w, **common))(weights)
+  return jax.vmap(lambda w: pruning.gd_mask_grid(x, w, **common))(weights)
 
 
 def _heads_error(x: np.ndarray, merged: np.ndarray, merged_new: np.ndarray) -> float:
@@ -157,14 +169,16 @@ class LayerPruner:
     for the GD mask, its losses per head."""
     start = time.perf_counter()
     merged = charlm.merged_matrices(w_q, w_k)
-    losses = None
+    losses, chosen = None, []
+    options = dict(sparsity=sparsity, score=self.gd.score, keep_values=self.gd.keep_values,
+                   causal=self.gd.causal)
     if self.setting == "merged":
       if self.method == "gd_mask":
         masks, losses = self.masks(cache_key, x, jnp.asarray(merged))
-        merged_new = np.stack([np.asarray(pruning.binarise(masks[h], merged[h], sparsity,
-                                                           self.gd.score,
-                                                           self.gd.keep_values)[1])
-                               for h in range(merged.shape[0])])
+        heads = [pruning.select_binarised(x, merged[h], masks[h], **options)
+                 for h in range(merged.shape[0])]
+        merged_new = np.stack([np.asarray(w_new) for w_new, _, _ in heads])
+        chosen = [int(best) for _, best, _ in heads]
       else:
         merged_new = np.stack([self._baseline(x, merged[h], sparsity)
                                for h in range(merged.shape[0])])
@@ -172,17 +186,19 @@ class LayerPruner:
     else:
       if self.method == "gd_mask":
         (m_q, m_k), losses = self.masks(cache_key, x, (jnp.asarray(w_q), jnp.asarray(w_k)))
-        binarised = lambda m, w: np.stack([
-            np.asarray(pruning.binarise(m[h], w[h], sparsity, self.gd.score,
-                                        self.gd.keep_values)[1]) for h in range(w.shape[0])])
-        w_q_new, w_k_new = binarised(m_q, w_q), binarised(m_k, w_k)
+        heads = [pruning.select_binarised_factors(x, w_q[h], w_k[h], m_q[h], m_k[h], **options)
+                 for h in range(w_q.shape[0])]
+        w_q_new = np.stack([np.asarray(head[0]) for head in heads])
+        w_k_new = np.stack([np.asarray(head[1]) for head in heads])
+        chosen = [int(head[2]) for head in heads]
       else:
         w_q_new = np.stack([self._baseline(x, w_q[h], sparsity) for h in range(w_q.shape[0])])
         w_k_new = np.stack([self._baseline(x, w_k[h], sparsity) for h in range(w_k.shape[0])])
       merged_new = charlm.merged_matrices(w_q_new, w_k_new)
       query_key = charlm.query_key_of_factors(w_q_new, w_k_new)
     self.seconds += time.perf_counter() - start
-    return LayerPruned(query_key, _heads_error(x, merged, merged_new)), losses
+    lams = tuple(self.gd.lams[i] for i in chosen)
+    return LayerPruned(query_key, _heads_error(x, merged, merged_new), lams), losses
 
   def dense_query_key(self, w_q: np.ndarray, w_k: np.ndarray) -> dict[str, jax.Array]:
     """The unpruned layer in this setting's form."""
@@ -198,7 +214,8 @@ class LayerPruner:
 def prune_model(model, params, *, vocab_size: int, num_heads: int, calibration: np.ndarray,
                 validation: np.ndarray, pruner: LayerPruner, sparsities: Sequence[float],
                 seed_key: Any) -> dict[str, Any]:
-  """Every layer in order at each sparsity: {s<s>: {bpc, ppl, attn_err}} and the GD losses."""
+  """Every layer in order at each sparsity: {s<s>: {bpc, ppl, attn_err}} (the GD mask also
+  s<s>.lam, [layer][head]) and whether every GD loss fell monotonically."""
   depth = len(params["blocks"])
   kernels = [charlm.attention_kernels(params, layer, num_heads) for layer in range(depth)]
   out: dict[str, Any] = {}
@@ -207,7 +224,7 @@ def prune_model(model, params, *, vocab_size: int, num_heads: int, calibration: 
     # Layers not yet pruned run with their own matrices in the setting's form (the same model,
     # tested), so every call below has one pytree structure and compiles once.
     query_keys: list[Any] = [pruner.dense_query_key(*kernels[layer]) for layer in range(depth)]
-    errors = []
+    errors, lams = [], []
     for layer in range(depth):
       x = charlm.attention_inputs(model, params, calibration, vocab_size, query_keys)[layer]
       # The first layer's input does not depend on the sparsity: its GD masks are shared.
@@ -217,8 +234,11 @@ def prune_model(model, params, *, vocab_size: int, num_heads: int, calibration: 
         gd_losses.append(losses)
       query_keys[layer] = pruned.query_key
       errors.append(pruned.attn_err)
+      lams.append(list(pruned.lams))
     bpc = charlm.bits_per_character(model, params, validation, vocab_size, query_keys)
     out[f"s{s}"] = {"bpc": bpc, "ppl": 2.0 ** bpc, "attn_err": float(np.mean(errors))}
+    if pruner.method == "gd_mask":
+      out[f"s{s}"]["lam"] = lams
   if gd_losses:
     out["gd_loss_monotone"] = bool(all(is_monotone(l) for ls in gd_losses
                                        for l in np.reshape(ls, (-1, ls.shape[-1]))))

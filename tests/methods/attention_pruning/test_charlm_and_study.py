@@ -109,6 +109,10 @@ def test_the_first_layer_descends_once_for_every_sparsity():
   # Layer 0 once, layer 1 once per sparsity.
   assert len(pruner._masks) == 3 and found["gd_loss_monotone"] in (True, False)
   assert all(np.isfinite(found[k]["bpc"]) and found[k]["attn_err"] > 0 for k in ("s0.3", "s0.6"))
+  lams = found["s0.6"]["lam"]  # the lam each head chose, per layer
+  assert len(lams) == config.model.depth and all(len(layer) == config.model.num_heads
+                                                 for layer in lams)
+  assert set(np.ravel(lams)) <= set(pruning.DEFAULT_LAMS)
 
 
 def test_synthetic_instances_have_the_asked_logit_scale_and_share_draws_across_scales():
@@ -128,7 +132,8 @@ def test_monotone_allows_float_rounding_but_not_a_rise():
     ({"sparsities": (0.5, 1.0)}, "sparsities"), ({"methods": "gd_mask,obs"}, "methods"),
     ({"settings": "both"}, "settings"), ({"gd.score": "abs"}, "gd.score"),
     ({"data.calibration_seeds": 1}, "data.calibration_seeds"),
-    ({"ablations": "lam_x100"}, "ablations")])
+    ({"ablations": "lam_x100"}, "ablations"), ({"gd.lams": ()}, "gd.lams"),
+    ({"gd.lams": (0.01, -0.1)}, "gd.lams")])
 def test_bad_configs_fail_naming_the_key(overrides, key):
   with pytest.raises(config_lib.ConfigError, match=key.replace(".", r"\.")):
     experiment.options(smoke_config(**overrides))
@@ -138,10 +143,12 @@ def test_ablations_change_one_choice_each():
   base = study.GdOptions()
   for name, change in study.ABLATIONS.items():
     ablated = base.ablated(change)
-    differing = [f for f in ("lam", "lam_scale", "score", "keep_values", "causal", "steps")
+    differing = [f for f in ("lams", "lam_scale", "score", "keep_values", "causal", "steps")
                  if getattr(ablated, f) != getattr(base, f)]
     assert len(differing) == 1, name
-  assert base.ablated({"lam_factor": 10.0}).lam == pytest.approx(10 * pruning.DEFAULT_LAM)
+  assert base.ablated({"lam_factor": 10.0}).lams == pytest.approx(
+      [10 * lam for lam in pruning.DEFAULT_LAMS])
+  assert base.ablated(study.ABLATIONS["fixed_lam"]).lams == (pruning.DEFAULT_LAM,)
 
 
 def test_f_equals_the_zoo_attention_probabilities_on_the_first_layer():

@@ -96,6 +96,49 @@ def test_factor_masks_descend_monotonically_and_vmap_over_heads_matches_one_by_o
     np.testing.assert_allclose(masks[head], run(x, heads[head])[0], rtol=1e-5, atol=1e-6)
 
 
+def test_a_lam_grid_descends_as_each_lam_alone_and_keeps_the_least_calibration_error():
+  x, w = gaussian_instance(15, tokens=8, width=4)
+  lams = (0.03, 0.01, 0.001)
+  masks, losses = pruning.gd_mask_grid(x, w, lams=lams, steps=25)
+  assert masks.shape == (3, 4, 4) and losses.shape == (3, 26)
+  errors = []
+  for i, lam in enumerate(lams):
+    alone, alone_losses = pruning.gd_mask(x, w, lam=lam, steps=25)
+    np.testing.assert_allclose(masks[i], alone, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(losses[i], alone_losses, rtol=1e-5)
+    errors.append(pruning.attention_error(x, w, pruning.binarise(alone, w, 0.5)[1]))
+  assert len(set(np.round(errors, 6))) > 1  # the choice matters on this instance
+  w_new, best, got_errors = pruning.select_binarised(x, w, masks, 0.5)
+  np.testing.assert_allclose(got_errors, errors, rtol=1e-5)
+  assert int(best) == int(np.argmin(errors))
+  np.testing.assert_allclose(w_new, pruning.binarise(masks[best], w, 0.5)[1])
+  np.testing.assert_allclose(pruning.prune(x, w, "gd_mask", 0.5, lam=lams, steps=25)[1],
+                             pruning.prune(x, w, "gd_mask", 0.5, lam=lams[best], steps=25)[1],
+                             rtol=1e-5, atol=1e-6)
+
+
+def test_a_lam_grid_on_factors_chooses_by_the_merged_matrix_error():
+  x, _ = gaussian_instance(16, tokens=8, width=4)
+  rng = np.random.default_rng(17)
+  w_q, w_k = (rng.standard_normal((2, 4, 2)) * 2.0).astype(np.float32)
+  lams = (0.03, 0.001)
+  (masks_q, masks_k), losses = pruning.gd_mask_factors_grid(x, w_q, w_k, lams=lams, steps=20,
+                                                            causal=True)
+  assert masks_q.shape == (2, 4, 2) and losses.shape == (2, 21)
+  errors = []
+  for i, lam in enumerate(lams):
+    (m_q, m_k), _ = pruning.gd_mask_factors(x, w_q, w_k, lam=lam, steps=20, causal=True)
+    np.testing.assert_allclose(masks_q[i], m_q, rtol=1e-5, atol=1e-6)
+    q, k = (pruning.binarise(m, f, 0.5)[1] for m, f in ((m_q, w_q), (m_k, w_k)))
+    errors.append(pruning.attention_error(x, pruning.merged_weight(w_q, w_k),
+                                          pruning.merged_weight(q, k), causal=True))
+  q_new, k_new, best, got = pruning.select_binarised_factors(x, w_q, w_k, masks_q, masks_k, 0.5,
+                                                             causal=True)
+  np.testing.assert_allclose(got, errors, rtol=1e-5)
+  assert int(best) == int(np.argmin(errors))
+  np.testing.assert_allclose(q_new, pruning.binarise(masks_q[best], w_q, 0.5)[1])
+
+
 def test_magnitude_keeps_the_largest_per_column_and_lower_index_on_ties():
   w = np.array([[1.0, -2.0], [-1.0, 2.0], [3.0, 0.0], [1.0, 0.0]], np.float32)
   mask, w_new = pruning.magnitude(w, 0.5)
@@ -225,6 +268,8 @@ def _bad_calls():
       ("do not apply", lambda: pruning.prune(x, w, "wanda", 0.5, blocksize=4)),
       ("steps", lambda: pruning.prune(x, w, "gd_mask", 0.5, steps=0)),
       ("lam", lambda: pruning.prune(x, w, "gd_mask", 0.5, lam=-1.0)),
+      ("lam must be", lambda: pruning.prune(x, w, "gd_mask", 0.5, lam=(0.01, -1.0))),
+      ("empty grid", lambda: pruning.prune(x, w, "gd_mask", 0.5, lam=())),
       ("blocksize", lambda: pruning.prune(x, w, "sparsegpt", 0.5, blocksize=0)),
       ("same shape", lambda: pruning.prune_factors(x, w_q, w, "magnitude", 0.5)),
       ("sparsity", lambda: pruning.prune_factors(x, w_q, w_q, "gd_mask", 1.5)),
@@ -237,7 +282,8 @@ def test_bad_inputs_raise_value_errors_naming_the_problem_before_any_compile(ind
   def never(*args, **kwargs):
     raise AssertionError("validation must come before any computation")
 
-  for name in ("_gd_mask", "_gd_mask_factors", "_sparsegpt", "_top_per_column"):
+  for name in ("_gd_mask", "_gd_mask_factors", "_gd_mask_grid", "_gd_mask_factors_grid",
+               "_sparsegpt", "_top_per_column"):
     monkeypatch.setattr(pruning, name, never)
   message, call = _bad_calls()[index]
   with pytest.raises(ValueError, match=message):
