@@ -6,8 +6,8 @@ Setting: the preset's character LM (random weights: speed does not depend on tra
 calibration size (8 windows of 128 characters), every head of one layer at once. Prints, and
 writes to benchmarks/RESULTS.md in place of this method's previous table:
 * seconds to prune one layer (all heads) per method and setting, compile excluded;
-* GD-mask steps per second (one step's loss and gradient for every head, vmapped: the body of
-  the descent's `lax.scan`) with achieved GFLOP/s (XLA's count of that step) next to the
+* GD-mask steps per second (one step's loss and gradient for every head at one lam, vmapped:
+  the body of the descent's `lax.scan`; the layer's time covers the whole lam grid) with achieved GFLOP/s (XLA's count of that step) next to the
   measured matmul peak;
 * the whole sweep's seconds as the quick run logs them (`metrics.seconds` in the results file).
 There is no official code, so no reference speed.
@@ -51,7 +51,9 @@ def main() -> None:
   lines = [f"\n## attention_pruning ({args.preset} preset), {machine()}{brief_mark(args)}\n\n",
            f"One layer of the char LM: {heads} heads, width {config.model.width}, calibration "
            f"{config.data.num_calibration} x {config.data.seq_len} tokens; GD mask "
-           f"{gd.steps} steps + {gd.iterations} power iterations. Matmul peak (jitted "
+           f"{gd.steps} steps for each of {len(gd.lams)} lams (vmapped) + {gd.iterations} power "
+           "iterations, then the choice of lam per head; GD steps/s is for one lam. Matmul "
+           "peak (jitted "
            f"2048x2048 jnp.dot): {peak:.0f} GFLOP/s float32. No official code, so no "
            "reference speed.\n\n",
            "| what | setting | time | GD steps/s | GFLOP/s | % of peak |\n"

@@ -5,7 +5,8 @@ EXPECTED (quick, 2 CPU cores): the mask's GD loss falls monotonically at eta = 1
 saturated synthetic attention (logit std 5) the GD mask keeps the softmax matrix closer than
 Wanda and SparseGPT, while SparseGPT keeps the linear map X W closer; on a character LM trained
 for ~3 minutes on the Python Language Reference topics, perplexity after pruning each head's
-query/key factors. Numbers: results/attention_pruning.json, discussed in
+query/key factors: SparseGPT ahead at 50% (3.83 against 4.42), level at 70%, the GD mask ahead at
+90% (9.6 against 11.4 for Wanda). ~7 minutes. Numbers: results/attention_pruning.json, discussed in
 jaxlab/methods/attention_pruning/README.md.
 
 Presets: smoke (tests, seconds), quick (the CPU reproduction), paper (= quick with the paper's
