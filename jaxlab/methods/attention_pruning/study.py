@@ -2,8 +2,9 @@
 
 Both prune with the four methods of `pruning` at every sparsity. On the LM, layers are pruned in
 order, each calibrated on its attention input in the model whose earlier layers are already
-pruned; the GD masks of all heads run at once (`vmap`), and a layer whose calibration input is
-the same for every sparsity (the first) descends once and is binarised per sparsity.
+pruned; the GD masks of all heads, lams and sparsities run at once (`vmap`), and a layer whose
+calibration input is the same for every sparsity (the first) descends once and is binarised per
+sparsity.
 """
 from __future__ import annotations
 
@@ -130,15 +131,20 @@ class LayerPruned:
 
 
 @functools.partial(jax.jit, static_argnames=("options",))
-def _continuous_masks(x, weights, options: GdOptions):
-  """GD masks for every head and lam at once: weights is [H, D, D] (merged, masks [H, G, D, D])
-  or a pair of [H, D, Dh] (masks a pair of [H, G, D, Dh])."""
+def _continuous_masks(xs, weights, options: GdOptions):
+  """GD masks for every calibration input, head and lam at once. xs [P, S, L, D] holds one
+  calibration input per sparsity (P = 1 when they share it); weights is [H, D, D] (merged:
+  masks [P, H, G, D, D]) or a pair of [H, D, Dh] (a pair of [P, H, G, D, Dh])."""
   common = dict(lams=options.lams, steps=options.steps, causal=options.causal,
                 lam_scale=options.lam_scale, iterations=options.iterations)
-  if isinstance(weights, tuple):
-    run = lambda w_q, w_k: pruning.gd_mask_factors_grid(x, w_q, w_k, **common)
-    return jax.vmap(run)(*weights)
-  return jax.vmap(lambda w: pruning.gd_mask_grid(x, w, **common))(weights)
+
+  def every_head(x):
+    if isinstance(weights, tuple):
+      run = lambda w_q, w_k: pruning.gd_mask_factors_grid(x, w_q, w_k, **common)
+      return jax.vmap(run)(*weights)
+    return jax.vmap(lambda w: pruning.gd_mask_grid(x, w, **common))(weights)
+
+  return jax.vmap(every_head)(xs)
 
 
 def _heads_error(x: np.ndarray, merged: np.ndarray, merged_new: np.ndarray) -> float:
@@ -147,7 +153,8 @@ def _heads_error(x: np.ndarray, merged: np.ndarray, merged_new: np.ndarray) -> f
 
 
 class LayerPruner:
-  """Prunes one layer's heads with one method; GD masks are cached per calibration input."""
+  """Prunes one layer's heads with one method at every sparsity; the GD masks of all the
+  sparsities' calibration inputs descend at once and are cached per layer."""
 
   def __init__(self, setting: str, method: str, gd: GdOptions, sparsegpt_options: dict):
     if setting not in SETTINGS:
@@ -157,24 +164,45 @@ class LayerPruner:
     self.seconds = 0.0
     self._masks: dict[Any, Any] = {}
 
-  def masks(self, cache_key, x, weights):
+  def masks(self, cache_key, xs, weights):
+    """(masks, losses) for the calibration inputs xs [P, S, L, D], computed once per key."""
     if cache_key not in self._masks:
-      found, losses = _continuous_masks(jnp.asarray(x), weights, self.gd)
+      found, losses = _continuous_masks(jnp.asarray(xs), weights, self.gd)
       self._masks[cache_key] = (jax.tree.map(np.asarray, found), np.asarray(losses))
     return self._masks[cache_key]
 
+  def prune_layer(self, cache_key, xs: Sequence[np.ndarray], w_q: np.ndarray, w_k: np.ndarray,
+                  sparsities: Sequence[float], shared: bool = False
+                  ) -> tuple[list[LayerPruned], np.ndarray | None]:
+    """xs: the layer's calibration input [S, L, D] at each sparsity (shared: one input serves
+    them all, as the first layer's does); w_q, w_k [H, D, Dh]. Returns the pruned layer per
+    sparsity and, for the GD mask, its losses [P, H, G, steps + 1]."""
+    start = time.perf_counter()
+    masks = losses = None
+    if self.method == "gd_mask":
+      weights = (jnp.asarray(charlm.merged_matrices(w_q, w_k)) if self.setting == "merged"
+                 else (jnp.asarray(w_q), jnp.asarray(w_k)))
+      masks, losses = self.masks(cache_key, np.stack(xs[:1] if shared else xs), weights)
+    layers = []
+    for i, (x, sparsity) in enumerate(zip(xs, sparsities)):
+      found = None if masks is None else jax.tree.map(lambda m: m[0 if shared else i], masks)
+      layers.append(self._prune_at(x, w_q, w_k, sparsity, found))
+    self.seconds += time.perf_counter() - start
+    return layers, losses
+
   def __call__(self, cache_key, x: np.ndarray, w_q: np.ndarray, w_k: np.ndarray,
                sparsity: float) -> tuple[LayerPruned, np.ndarray | None]:
-    """x: the layer's calibration input [S, L, D]; w_q, w_k [H, D, Dh]. Returns the layer and,
-    for the GD mask, its losses per head."""
-    start = time.perf_counter()
+    """One sparsity: `prune_layer` with a single calibration input."""
+    layers, losses = self.prune_layer(cache_key, [x], w_q, w_k, [sparsity], shared=True)
+    return layers[0], losses
+
+  def _prune_at(self, x, w_q, w_k, sparsity, masks) -> LayerPruned:
     merged = charlm.merged_matrices(w_q, w_k)
-    losses, chosen = None, []
+    chosen = []
     options = dict(sparsity=sparsity, score=self.gd.score, keep_values=self.gd.keep_values,
                    causal=self.gd.causal)
     if self.setting == "merged":
       if self.method == "gd_mask":
-        masks, losses = self.masks(cache_key, x, jnp.asarray(merged))
         heads = [pruning.select_binarised(x, merged[h], masks[h], **options)
                  for h in range(merged.shape[0])]
         merged_new = np.stack([np.asarray(w_new) for w_new, _, _ in heads])
@@ -185,7 +213,7 @@ class LayerPruner:
       query_key = {"merged": jnp.asarray(merged_new)}
     else:
       if self.method == "gd_mask":
-        (m_q, m_k), losses = self.masks(cache_key, x, (jnp.asarray(w_q), jnp.asarray(w_k)))
+        m_q, m_k = masks
         heads = [pruning.select_binarised_factors(x, w_q[h], w_k[h], m_q[h], m_k[h], **options)
                  for h in range(w_q.shape[0])]
         w_q_new = np.stack([np.asarray(head[0]) for head in heads])
@@ -196,9 +224,8 @@ class LayerPruner:
         w_k_new = np.stack([self._baseline(x, w_k[h], sparsity) for h in range(w_k.shape[0])])
       merged_new = charlm.merged_matrices(w_q_new, w_k_new)
       query_key = charlm.query_key_of_factors(w_q_new, w_k_new)
-    self.seconds += time.perf_counter() - start
     lams = tuple(self.gd.lams[i] for i in chosen)
-    return LayerPruned(query_key, _heads_error(x, merged, merged_new), lams), losses
+    return LayerPruned(query_key, _heads_error(x, merged, merged_new), lams)
 
   def dense_query_key(self, w_q: np.ndarray, w_k: np.ndarray) -> dict[str, jax.Array]:
     """The unpruned layer in this setting's form."""
@@ -218,27 +245,34 @@ def prune_model(model, params, *, vocab_size: int, num_heads: int, calibration: 
   s<s>.lam, [layer][head]) and whether every GD loss fell monotonically."""
   depth = len(params["blocks"])
   kernels = [charlm.attention_kernels(params, layer, num_heads) for layer in range(depth)]
-  out: dict[str, Any] = {}
+  # Layers not yet pruned run with their own matrices in the setting's form (the same model,
+  # tested), so every call below has one pytree structure and compiles once.
+  query_keys = {s: [pruner.dense_query_key(*kernels[layer]) for layer in range(depth)]
+                for s in sparsities}
+  errors = {s: [] for s in sparsities}
+  lams = {s: [] for s in sparsities}
   gd_losses = []
+  for layer in range(depth):
+    # The first layer's input does not depend on the sparsity: its GD masks are shared. A later
+    # layer's input does (earlier layers are pruned): its masks descend for every sparsity at
+    # once.
+    shared = layer == 0
+    xs = [charlm.attention_inputs(model, params, calibration, vocab_size, query_keys[s])[layer]
+          for s in (sparsities[:1] if shared else sparsities)]
+    pruned, losses = pruner.prune_layer((seed_key, layer), xs * len(sparsities) if shared else xs,
+                                        *kernels[layer], sparsities, shared=shared)
+    if losses is not None:
+      gd_losses.append(losses)
+    for s, layer_pruned in zip(sparsities, pruned):
+      query_keys[s][layer] = layer_pruned.query_key
+      errors[s].append(layer_pruned.attn_err)
+      lams[s].append(list(layer_pruned.lams))
+  out: dict[str, Any] = {}
   for s in sparsities:
-    # Layers not yet pruned run with their own matrices in the setting's form (the same model,
-    # tested), so every call below has one pytree structure and compiles once.
-    query_keys: list[Any] = [pruner.dense_query_key(*kernels[layer]) for layer in range(depth)]
-    errors, lams = [], []
-    for layer in range(depth):
-      x = charlm.attention_inputs(model, params, calibration, vocab_size, query_keys)[layer]
-      # The first layer's input does not depend on the sparsity: its GD masks are shared.
-      cache_key = (seed_key, layer) if layer == 0 else (seed_key, layer, s)
-      pruned, losses = pruner(cache_key, x, *kernels[layer], s)
-      if losses is not None and (layer > 0 or s == sparsities[0]):
-        gd_losses.append(losses)
-      query_keys[layer] = pruned.query_key
-      errors.append(pruned.attn_err)
-      lams.append(list(pruned.lams))
-    bpc = charlm.bits_per_character(model, params, validation, vocab_size, query_keys)
-    out[f"s{s}"] = {"bpc": bpc, "ppl": 2.0 ** bpc, "attn_err": float(np.mean(errors))}
+    bpc = charlm.bits_per_character(model, params, validation, vocab_size, query_keys[s])
+    out[f"s{s}"] = {"bpc": bpc, "ppl": 2.0 ** bpc, "attn_err": float(np.mean(errors[s]))}
     if pruner.method == "gd_mask":
-      out[f"s{s}"]["lam"] = lams
+      out[f"s{s}"]["lam"] = lams[s]
   if gd_losses:
     out["gd_loss_monotone"] = bool(all(is_monotone(l) for ls in gd_losses
                                        for l in np.reshape(ls, (-1, ls.shape[-1]))))

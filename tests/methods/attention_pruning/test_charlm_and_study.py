@@ -96,18 +96,30 @@ def test_prune_model_at_zero_sparsity_keeps_the_dense_model():
       assert found["s0.0"]["attn_err"] < 1e-4
 
 
-def test_the_first_layer_descends_once_for_every_sparsity():
+def test_the_first_layer_descends_once_and_later_layers_for_every_sparsity_at_once():
   config = smoke_config()
   model = charlm.make_model(config, corpus().vocab_size)
   params = model.init(jax.random.key(0))
   windows = python_docs.random_windows(corpus().train, 2, config.data.seq_len, seed=1)
-  pruner = study.LayerPruner("factors", "gd_mask", study.GdOptions(steps=3, iterations=2), {})
-  found = study.prune_model(model, params, vocab_size=corpus().vocab_size,
-                            num_heads=config.model.num_heads, calibration=windows,
-                            validation=windows, pruner=pruner, sparsities=(0.3, 0.6),
-                            seed_key=0)
-  # Layer 0 once, layer 1 once per sparsity.
-  assert len(pruner._masks) == 3 and found["gd_loss_monotone"] in (True, False)
+  gd = study.GdOptions(steps=3, iterations=2)
+  run = lambda pruner, sparsities: study.prune_model(
+      model, params, vocab_size=corpus().vocab_size, num_heads=config.model.num_heads,
+      calibration=windows, validation=windows, pruner=pruner, sparsities=sparsities, seed_key=0)
+  pruner = study.LayerPruner("factors", "gd_mask", gd, {})
+  found = run(pruner, (0.3, 0.6))
+  # Layer 0 once for both sparsities; layer 1 once, its two calibration inputs side by side.
+  assert sorted(pruner._masks) == [(0, 0), (0, 1)] and found["gd_loss_monotone"] in (True, False)
+  (layer0_q, _), _ = pruner._masks[(0, 0)]
+  (layer1_q, layer1_k), losses = pruner._masks[(0, 1)]
+  assert layer0_q.shape[0] == 1 and layer1_q.shape[0] == 2
+  assert losses.shape == (2, config.model.num_heads, len(gd.lams), 4)
+  for i, sparsity in enumerate((0.3, 0.6)):  # the same masks as one sparsity at a time
+    alone = study.LayerPruner("factors", "gd_mask", gd, {})
+    assert run(alone, (sparsity,))[f"s{sparsity}"]["bpc"] == pytest.approx(
+        found[f"s{sparsity}"]["bpc"], rel=1e-4)
+    (alone_q, alone_k), _ = alone._masks[(0, 1)]
+    np.testing.assert_allclose(layer1_q[i], alone_q[0], rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(layer1_k[i], alone_k[0], rtol=1e-4, atol=1e-6)
   assert all(np.isfinite(found[k]["bpc"]) and found[k]["attn_err"] > 0 for k in ("s0.3", "s0.6"))
   lams = found["s0.6"]["lam"]  # the lam each head chose, per layer
   assert len(lams) == config.model.depth and all(len(layer) == config.model.num_heads
