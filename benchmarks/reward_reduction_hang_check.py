@@ -32,7 +32,6 @@ def run_case(method: str, num_seeds: int, preset: str) -> None:
   from jaxlab.core import parallel  # pylint: disable=g-import-not-at-top
   from jaxlab.methods.reward_reduction import training  # pylint: disable=g-import-not-at-top
   from jaxlab.methods.reward_reduction import traffic  # pylint: disable=g-import-not-at-top
-  training.PADDED_METHODS = ()
   config = config_lib.load_config(ROOT / "configs" / "reward_reduction.py", preset)
   _, traffic_config, settings = experiment.options(
       config_lib.with_overrides(config, {"methods": method}))

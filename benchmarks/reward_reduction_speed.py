@@ -15,10 +15,8 @@ the step is not written yet.
 
 --brief (a smoke check; never writes RESULTS.md): the smoke preset, 1 timed call a row.
 
-Known problem (2026-12-06, jax 0.10.2, XLA:CPU): after the `ours` row, the `pca` chunk hangs with
-the process idle, twice in two runs, so no table has been written to RESULTS.md yet. The
-experiment itself runs every method in one process without hanging (ae needs 4 replicas; see
-the method README).
+Before 2026-12-08 this hung, idle, when a method's state was initialised: the Q-networks'
+seed-batched QRs deadlocked XLA:CPU's thread pool (`agent.q_params`, method README).
 """
 from __future__ import annotations
 
@@ -71,21 +69,18 @@ def main() -> None:
            f"{tuple(config.agent.hidden)}, batch {config.agent.batch_size} x "
            f"{config.agent.num_sample_w} preferences, {len(seeds)} seeds vmapped in one scanned "
            f"chunk of {config.train.chunk_steps} steps (median of the {repeats} chunks "
-           f"after the first, compiling one; `ae` runs 4 replicas, see its README). Matmul peak (jitted "
+           f"after the first, compiling one). Matmul peak (jitted "
            f"2048x2048 jnp.dot): {peak:.0f} GFLOP/s float32. GFLOP per step: XLA's count of a "
            "one-step chunk jitted alone.\n\n",
            "| method | agent steps/s (all seeds) | replica-updates/s | GFLOP/step/replica | "
            "GFLOP/s | % of peak |\n|---|---|---|---|---|---|\n"]
   for name in names:
     s = settings[name]
-    run_seeds = seeds + ([len(seeds) + i for i in range(4 - len(seeds) % 4)]
-                         if name in training.PADDED_METHODS and len(seeds) % 4 else [])
-    chunk = training.chunk_function(s, replicas.replica_sharding(len(run_seeds), mesh))
+    chunk = training.chunk_function(s, replicas.replica_sharding(len(seeds), mesh))
     init = training.init_function(s)
-    seed_keys = training.seed_keys(run_seeds)
+    seed_keys = training.seed_keys(seeds)
     # As the experiment runs: the first chunk (compiling, 200 random steps included) from a
-    # fresh state, then the timed chunks continue from it. (Starting a fresh state at step
-    # 200 hung XLA:CPU for pca, like the ae hang in the README.)
+    # fresh state, then the timed chunks continue from it.
     state = init(env_params, seed_keys)
     times = []
     for index in range(repeats + 1):
@@ -102,8 +97,8 @@ def main() -> None:
     compiled = jax.jit(one_step).lower(one_state, seed_keys[0], env_params, start_step,
                                        start_step + 1).compile()
     flops = (compiled.cost_analysis() or {}).get("flops", float("nan"))
-    gflops = flops * steps_per_s * len(run_seeds) / 1e9
-    lines.append(f"| {name} | {steps_per_s:,.0f} | {steps_per_s * len(run_seeds):,.0f} | "
+    gflops = flops * steps_per_s * len(seeds) / 1e9
+    lines.append(f"| {name} | {steps_per_s:,.0f} | {steps_per_s * len(seeds):,.0f} | "
                  f"{flops / 1e9:.4f} | {gflops:.1f} | {100 * gflops / peak:.1f}% |\n")
     print(lines[-1], end="", flush=True)
   publish(lines, "reward_reduction", writes_results(args))

@@ -10,7 +10,8 @@ results/reward_reduction.json, discussed in jaxlab/methods/reward_reduction/READ
 
 Presets: smoke (tests, seconds), quick (20,000 steps, Q [128, 128], methods ours pca ae random
 none, 3 seeds), paper (52,000 steps, hodec 39,000, Q [256, 256], adds npca and uniform, 5
-seeds: the official traffic settings). `train.steps` is the number of environment steps.
+seeds: the official traffic settings), long (= paper, ~40 minutes; its results are kept in
+results/reward_reduction_long.json). `train.steps` is the number of environment steps.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from jaxlab.core import config as config_lib
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  arg = config_lib.parse_arg(arg, default_preset="quick")
+  arg = config_lib.parse_arg(arg, presets=config_lib.ALL_PRESETS, default_preset="quick")
   preset = arg.preset
   c = config_lib.base_config(preset=preset, seed=0)
   c.methods = "ours,pca,ae,random,none"
@@ -42,7 +43,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       num_preferences=20, candidates=10_000, eum_weights=100, ref_scales=(1.0, 2.0, 4.0),
       random_episodes=8, seed=1234))
   c.train.update(dict(steps=20_000, chunk_steps=1_000, ckpt_every=5_000, log_every=1_000))
-  if preset == "paper":
+  if preset in ("paper", "long"):
     c.methods = "ours,pca,ae,random,none,npca,uniform"
     c.num_seeds = 5
     c.agent.hidden = (256, 256)

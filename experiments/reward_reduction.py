@@ -9,8 +9,8 @@ greedy policy for `eval.num_preferences` spread-out preferences of the method's 
 same traffic for every method and seed) and score the 16-D discounted returns: hypervolume
 against c x the random policy's return (c in `eval.ref_scales`), expected utility over fixed 16-D
 Dirichlet weights, sparsity and the size of the non-dominated front. Writes
-`<workdir>/results.json` (quick preset: also `results/reward_reduction.json`) and the fronts'
-plot.
+`<workdir>/results.json` (quick preset: also `results/reward_reduction.json`; long:
+`results/reward_reduction_long.json`) and the fronts' plot.
 """
 from __future__ import annotations
 

@@ -151,11 +151,24 @@ def orthogonal_init(params: PyTree, key: jax.Array) -> PyTree:
   return jax.tree_util.tree_unflatten(tree, out)
 
 
+def q_params(settings: AgentSettings, key: jax.Array) -> PyTree:
+  """One seed's initial Q-network parameters (`key` as `init_replica` gets it).
+
+  Call it outside jit, once per seed (as `training.init_function` does): in one compiled
+  program of several seeds, XLA:CPU runs the layers' seed-batched QR factorisations at once, and
+  jaxlib 0.10's batched LAPACK kernels each hold a thread-pool worker while waiting for batch
+  chunks queued on that same pool, so with as many such calls as workers (2 on 2 cores) the
+  pool deadlocks: the process idles forever. Called eagerly, the QRs run one after another.
+  """
+  net_key = jax.random.split(key, 4)[0]
+  network = q_network(traffic.OBSERVATION_SIZE, settings.dim, settings.hidden)
+  return orthogonal_init(jax.jit(network.init)(net_key), net_key)
+
+
 def init_replica(settings: AgentSettings, env_params: traffic.TrafficParams,
-                 key: jax.Array) -> PyTree:
-  net_key, reduction_key, env_key, w_key = jax.random.split(key, 4)
-  params = orthogonal_init(
-      q_network(traffic.OBSERVATION_SIZE, settings.dim, settings.hidden).init(net_key), net_key)
+                 key: jax.Array, params: PyTree) -> PyTree:
+  """One seed's training state around its Q-network parameters `params` (`q_params`)."""
+  _, reduction_key, env_key, w_key = jax.random.split(key, 4)
   env_state, obs = traffic.reset(env_key, env_params, settings.traffic)
   size = settings.buffer_size
   k = settings.reduction.num_objectives

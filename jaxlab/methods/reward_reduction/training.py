@@ -21,7 +21,6 @@ from jaxlab.methods.reward_reduction import reduction as reduction_lib
 from jaxlab.methods.reward_reduction import traffic
 
 PyTree = Any
-PADDED_METHODS = ("ae",)
 
 
 @functools.lru_cache(maxsize=None)
@@ -34,8 +33,18 @@ def chunk_function(settings: agent.AgentSettings,
 
 @functools.lru_cache(maxsize=None)
 def init_function(settings: agent.AgentSettings):
-  return jax.jit(jax.vmap(functools.partial(agent.init_replica, settings),
-                          in_axes=(None, 0)))
+  """(env_params, keys [S]) -> the seed-stacked initial state. The Q-networks' orthogonal
+  kernels are drawn seed by seed outside jit (`agent.q_params` says why), the rest in one
+  jit(vmap)."""
+  replicas_init = jax.jit(jax.vmap(functools.partial(agent.init_replica, settings),
+                                   in_axes=(None, 0, 0)))
+
+  def init(env_params, keys):
+    params = [agent.q_params(settings, key) for key in keys]
+    return replicas_init(env_params, keys, jax.tree.map(lambda *seeds: jnp.stack(seeds),
+                                                        *params))
+
+  return init
 
 
 def seed_keys(seeds: Sequence[int]) -> jax.Array:
@@ -56,11 +65,6 @@ def train(settings: agent.AgentSettings, env_params: traffic.TrafficParams,
           progress: bool = True, desc: str = "reward_reduction") -> TrainResult:
   """`settings.total_steps` environment steps for every seed, resumable from
   `workdir/checkpoints`."""
-  num_seeds = len(seeds)
-  if settings.reduction.method in PADDED_METHODS and num_seeds % 4:
-    # XLA:CPU (jax 0.10.2) hangs, idle, in the first envelope update of the `ae` chunk
-    # vmapped over 2 or 3 replicas (1 and 4 run): pad with extra seeds, dropped below.
-    seeds = list(seeds) + [max(seeds) + 1 + i for i in range(4 - num_seeds % 4)]
   keys = replicas.place(jax.random.key_data(seed_keys(seeds)), mesh)
   sharding = replicas.replica_sharding(len(seeds), mesh)
   chunk = chunk_function(settings, sharding)
@@ -76,8 +80,7 @@ def train(settings: agent.AgentSettings, env_params: traffic.TrafficParams,
       steps=settings.total_steps, chunk_steps=settings.chunk_steps,
       ckpt_every=ckpt_every or settings.chunk_steps * 5, mesh=mesh, workdir=workdir,
       desc=desc, progress=progress)
-  state = jax.tree.map(lambda leaf: leaf[:num_seeds], run.state)
-  return TrainResult(state=state, history=run.history, wall_s=run.wall_s,
+  return TrainResult(state=run.state, history=run.history, wall_s=run.wall_s,
                      earlier_s=run.earlier_s)
 
 

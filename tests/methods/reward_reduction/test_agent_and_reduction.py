@@ -13,6 +13,7 @@ import pytest
 from experiments import reward_reduction as experiment
 from jaxlab.core import config as config_lib
 from jaxlab.methods.reward_reduction import agent
+from jaxlab.methods.reward_reduction import training
 from jaxlab.methods.reward_reduction import reduction
 from jaxlab.methods.reward_reduction import traffic
 
@@ -74,7 +75,7 @@ def test_the_chunk_traces_once_and_learns_without_nans():
   counted = chex.assert_max_traces(agent.replica_chunk(TINY), n=1)
   chunk = jax.jit(jax.vmap(counted, in_axes=(0, 0, None, None, None)))
   keys = jnp.stack([jax.random.key(0), jax.random.key(1)])
-  state = jax.vmap(lambda k: agent.init_replica(TINY, env, k))(keys)
+  state = training.init_function(TINY)(env, keys)
   for start in range(0, 20, 5):
     state, metrics = chunk(state, keys, env, jnp.asarray(start), jnp.asarray(start + 5))
   chex.clear_trace_counter()
@@ -88,7 +89,8 @@ def test_a_full_replay_buffer_keeps_the_latest_transitions_in_its_ring():
   buffers = {}
   for size in (20, 8):
     settings = dataclasses.replace(TINY, learning_starts=20, buffer_size=size)
-    state = agent.init_replica(settings, env, jax.random.key(0))
+    key = jax.random.key(0)
+    state = agent.init_replica(settings, env, key, agent.q_params(settings, key))
     chunk = jax.jit(agent.replica_chunk(settings))
     for start in range(0, 20, 5):
       state, _ = chunk(state, jax.random.key(0), env, jnp.asarray(start), jnp.asarray(start + 5))
@@ -110,3 +112,25 @@ def test_bad_config_fails_before_compiling_naming_the_key(override, key, tmp_pat
       config_lib.load_config(ROOT / "configs" / "reward_reduction.py", "smoke"), override)
   with pytest.raises(config_lib.ConfigError, match=repr(key).replace(".", r"\.")):
     experiment.main(config, str(tmp_path))
+
+
+def test_the_q_networks_are_initialised_seed_by_seed_as_one_batched_program_would():
+  # In one jit(vmap) program the layers' batched QRs deadlock XLA:CPU's 2-thread pool at the
+  # paper's shapes (agent.q_params); the seed-by-seed init must give the same bits.
+  env = traffic.demand(0, TINY.traffic, vehicles=200.0, weibull_scale=60.0)
+  keys = jnp.stack([jax.random.key(0), jax.random.key(1), jax.random.key(2)])
+  network = agent.q_network(traffic.OBSERVATION_SIZE, TINY.dim, TINY.hidden)
+
+  def batched(key):
+    net_key = jax.random.split(key, 4)[0]
+    return agent.orthogonal_init(network.init(net_key), net_key)
+
+  expected = jax.jit(jax.vmap(batched))(keys)
+  state = training.init_function(TINY)(env, keys)
+  chex.assert_trees_all_equal(state["params"], expected)
+  chex.assert_trees_all_equal(state["target_params"], expected)
+  kernel = next(np.asarray(leaf) for leaf in jax.tree.leaves(expected) if leaf.ndim == 3)
+  small = min(kernel.shape[1:])  # orthonormal columns, or rows when the kernel is wide
+  gram = (np.einsum("sij,sik->sjk", kernel, kernel) if kernel.shape[1] >= kernel.shape[2]
+          else np.einsum("sji,ski->sjk", kernel, kernel))
+  np.testing.assert_allclose(gram, np.broadcast_to(np.eye(small), gram.shape), atol=1e-5)
