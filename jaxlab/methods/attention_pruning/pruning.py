@@ -217,6 +217,9 @@ def _gradient_descent(objective: Callable[[PyTree], jax.Array], start: PyTree, e
 
 
 def _descend(fidelity, start, lam, eta, steps, lam_scale, iterations):
+  """GD at one lam, or (lam [G]) at every lam of a grid (`_descend_grid`)."""
+  if jnp.ndim(lam):
+    return _descend_grid(fidelity, start, lam, eta, steps, lam_scale, iterations)
   absolute, step_size = _weight_and_step(fidelity, start, lam, lam_scale, iterations)
   return _gradient_descent(_regularised(fidelity, absolute), start,
                            step_size if eta is None else eta, steps)
@@ -327,25 +330,13 @@ def _lam_vector(lams) -> jax.Array:
   return jnp.asarray(lams, jnp.float32).reshape(-1)
 
 
-@functools.partial(jax.jit, static_argnames=("steps", "causal", "lam_scale", "iterations"))
-def _gd_mask_grid(x, w, lams, eta, *, steps, causal, lam_scale, iterations):
-  fidelity, ones = _merged_fidelity(x, w, causal)
-  return _descend_grid(fidelity, ones, lams, eta, steps, lam_scale, iterations)
-
-
 def gd_mask_grid(x: jax.Array, w: jax.Array, *, lams, steps: int, eta: float | None = None,
                  causal: bool = False, lam_scale: str = "curvature",
                  iterations: int = POWER_ITERATIONS) -> tuple[jax.Array, jax.Array]:
   """`gd_mask` for every lam of `lams` [G] -> (masks [G, d, d], losses [G, steps + 1])."""
-  return _gd_mask_grid(_sequences(x), jnp.asarray(w, jnp.float32), _lam_vector(lams),
-                       _optional_float(eta), steps=steps, causal=causal, lam_scale=lam_scale,
-                       iterations=iterations)
-
-
-@functools.partial(jax.jit, static_argnames=("steps", "causal", "lam_scale", "iterations"))
-def _gd_mask_factors_grid(x, w_q, w_k, lams, eta, *, steps, causal, lam_scale, iterations):
-  fidelity, ones = _factors_fidelity(x, w_q, w_k, causal)
-  return _descend_grid(fidelity, ones, lams, eta, steps, lam_scale, iterations)
+  return _gd_mask(_sequences(x), jnp.asarray(w, jnp.float32), _lam_vector(lams),
+                  _optional_float(eta), steps=steps, causal=causal, lam_scale=lam_scale,
+                  iterations=iterations)
 
 
 def gd_mask_factors_grid(x: jax.Array, w_q: jax.Array, w_k: jax.Array, *, lams, steps: int,
@@ -354,10 +345,10 @@ def gd_mask_factors_grid(x: jax.Array, w_q: jax.Array, w_k: jax.Array, *, lams, 
                          ) -> tuple[tuple[jax.Array, jax.Array], jax.Array]:
   """`gd_mask_factors` for every lam of `lams` [G] -> ((m_q, m_k) each [G, d, d_h], losses
   [G, steps + 1])."""
-  return _gd_mask_factors_grid(_sequences(x), jnp.asarray(w_q, jnp.float32),
-                               jnp.asarray(w_k, jnp.float32), _lam_vector(lams),
-                               _optional_float(eta), steps=steps, causal=causal,
-                               lam_scale=lam_scale, iterations=iterations)
+  return _gd_mask_factors(_sequences(x), jnp.asarray(w_q, jnp.float32),
+                          jnp.asarray(w_k, jnp.float32), _lam_vector(lams), _optional_float(eta),
+                          steps=steps, causal=causal, lam_scale=lam_scale,
+                          iterations=iterations)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -282,8 +282,7 @@ def test_bad_inputs_raise_value_errors_naming_the_problem_before_any_compile(ind
   def never(*args, **kwargs):
     raise AssertionError("validation must come before any computation")
 
-  for name in ("_gd_mask", "_gd_mask_factors", "_gd_mask_grid", "_gd_mask_factors_grid",
-               "_sparsegpt", "_top_per_column"):
+  for name in ("_gd_mask", "_gd_mask_factors", "_sparsegpt", "_top_per_column"):
     monkeypatch.setattr(pruning, name, never)
   message, call = _bad_calls()[index]
   with pytest.raises(ValueError, match=message):
