@@ -134,3 +134,18 @@ def test_the_q_networks_are_initialised_seed_by_seed_as_one_batched_program_woul
   gram = (np.einsum("sij,sik->sjk", kernel, kernel) if kernel.shape[1] >= kernel.shape[2]
           else np.einsum("sji,ski->sjk", kernel, kernel))
   np.testing.assert_allclose(gram, np.broadcast_to(np.eye(small), gram.shape), atol=1e-5)
+
+
+def test_reconstruction_error_reads_the_latest_filled_ring_slots():
+  # A run shorter than the ring leaves its tail empty: the latest transitions are at the front.
+  np.testing.assert_array_equal(experiment.latest_slots(20, 52, count=5), [15, 16, 17, 18, 19])
+  np.testing.assert_array_equal(experiment.latest_slots(10, 8, count=5), [5, 6, 7, 0, 1])
+  np.testing.assert_array_equal(experiment.latest_slots(3, 8, count=5), [0, 1, 2])
+  settings = dataclasses.replace(TINY, total_steps=20, buffer_size=52)
+  rewards = np.zeros((1, 52, settings.reduction.num_objectives), np.float32)
+  rewards[0, :20] = np.random.default_rng(0).normal(size=(20, rewards.shape[-1]))
+  state = {"buffer": {"reward": rewards},
+           "reduction": jax.tree.map(lambda leaf: leaf[None],
+                                     reduction.make(settings.reduction).init(
+                                         jax.random.key(0)))}
+  assert experiment.reconstruction_errors(settings, state)[0] > 0
