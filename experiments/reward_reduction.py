@@ -102,18 +102,11 @@ def score_fronts(returns, ref_points, eum_weights):
   return {key: _summary([row[key] for row in rows]) for key in rows[0]}
 
 
-def latest_slots(total_steps: int, buffer_size: int, count: int = 5000) -> np.ndarray:
-  """Ring slots of the latest min(count, stored) transitions after `total_steps` steps, oldest
-  first (step t was written to slot t % buffer_size)."""
-  stored = min(total_steps, buffer_size)
-  return np.arange(total_steps - min(count, stored), total_steps) % buffer_size
-
-
 def reconstruction_errors(settings, state):
   """Per seed: the best linear reconstruction MSE of the raw rewards in the replay buffer from
   their reductions (the latest 5,000 transitions at most)."""
   reduction = reduction_lib.make(settings.reduction)
-  slots = latest_slots(settings.total_steps, settings.buffer_size)
+  slots = agent.latest_slots(settings, settings.total_steps)
   rewards = np.asarray(state["buffer"]["reward"])[:, slots]
   errors = []
   for seed_index in range(rewards.shape[0]):

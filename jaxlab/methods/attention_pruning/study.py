@@ -176,28 +176,31 @@ class LayerPruner:
     return self._masks[cache_key]
 
   def prune_layer(self, cache_key, xs: Sequence[np.ndarray], w_q: np.ndarray, w_k: np.ndarray,
-                  sparsities: Sequence[float], shared: bool = False
-                  ) -> tuple[list[LayerPruned], np.ndarray | None]:
-    """xs: the layer's calibration input [S, L, D] at each sparsity (shared: one input serves
-    them all, as the first layer's does); w_q, w_k [H, D, Dh]. Returns the pruned layer per
-    sparsity and, for the GD mask, its losses [P, H, G, steps + 1]."""
+                  sparsities: Sequence[float]) -> tuple[list[LayerPruned], np.ndarray | None]:
+    """xs: the layer's calibration input [S, L, D] for each sparsity, or one input that serves
+    them all (as the first layer's does); w_q, w_k [H, D, Dh]. Returns the pruned layer per
+    sparsity and, for the GD mask, its losses [len(xs), H, G, steps + 1]."""
+    if len(xs) not in (1, len(sparsities)):
+      raise ValueError(f"need one calibration input or one per sparsity, got {len(xs)} for "
+                       f"{len(sparsities)} sparsities")
     start = time.perf_counter()
     masks = losses = None
     if self.method == "gd_mask":
       weights = (jnp.asarray(charlm.merged_matrices(w_q, w_k)) if self.setting == "merged"
                  else (jnp.asarray(w_q), jnp.asarray(w_k)))
-      masks, losses = self.masks(cache_key, np.stack(xs[:1] if shared else xs), weights)
+      masks, losses = self.masks(cache_key, np.stack(xs), weights)
     layers = []
-    for i, (x, sparsity) in enumerate(zip(xs, sparsities)):
-      found = None if masks is None else jax.tree.map(lambda m: m[0 if shared else i], masks)
-      layers.append(self._prune_at(x, w_q, w_k, sparsity, found))
+    for i, sparsity in enumerate(sparsities):
+      which = i if len(xs) > 1 else 0
+      found = None if masks is None else jax.tree.map(lambda m: m[which], masks)
+      layers.append(self._prune_at(xs[which], w_q, w_k, sparsity, found))
     self.seconds += time.perf_counter() - start
     return layers, losses
 
   def __call__(self, cache_key, x: np.ndarray, w_q: np.ndarray, w_k: np.ndarray,
                sparsity: float) -> tuple[LayerPruned, np.ndarray | None]:
     """One sparsity: `prune_layer` with a single calibration input."""
-    layers, losses = self.prune_layer(cache_key, [x], w_q, w_k, [sparsity], shared=True)
+    layers, losses = self.prune_layer(cache_key, [x], w_q, w_k, [sparsity])
     return layers[0], losses
 
   def _prune_at(self, x, w_q, w_k, sparsity, masks) -> LayerPruned:
@@ -260,11 +263,9 @@ def prune_model(model, params, *, vocab_size: int, num_heads: int, calibration: 
     # The first layer's input does not depend on the sparsity: its GD masks are shared. A later
     # layer's input does (earlier layers are pruned): its masks descend for every sparsity at
     # once.
-    shared = layer == 0
     xs = [charlm.attention_inputs(model, params, calibration, vocab_size, query_keys[s])[layer]
-          for s in (sparsities[:1] if shared else sparsities)]
-    pruned, losses = pruner.prune_layer((seed_key, layer), xs * len(sparsities) if shared else xs,
-                                        *kernels[layer], sparsities, shared=shared)
+          for s in (sparsities[:1] if layer == 0 else sparsities)]
+    pruned, losses = pruner.prune_layer((seed_key, layer), xs, *kernels[layer], sparsities)
     if losses is not None:
       gd_losses.append(losses)
     for s, layer_pruned in zip(sparsities, pruned):

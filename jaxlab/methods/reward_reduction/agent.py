@@ -25,6 +25,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from jaxlab.methods.reward_reduction import reduction as reduction_lib
@@ -189,6 +190,13 @@ def init_replica(settings: AgentSettings, env_params: traffic.TrafficParams,
 def filled(settings: AgentSettings, index: jax.Array) -> jax.Array:
   """How many replay slots hold a transition once step `index` has written its own."""
   return jnp.minimum(index + 1, settings.buffer_size)
+
+
+def latest_slots(settings: AgentSettings, steps: int, count: int = 5000) -> np.ndarray:
+  """Replay slots of the latest min(count, stored) transitions after `steps` steps, oldest first
+  (step t writes slot t % buffer_size)."""
+  stored = min(steps, settings.buffer_size)
+  return np.arange(steps - min(count, stored), steps) % settings.buffer_size
 
 
 def replica_chunk(settings: AgentSettings):

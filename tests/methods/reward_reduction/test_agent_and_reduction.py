@@ -138,9 +138,11 @@ def test_the_q_networks_are_initialised_seed_by_seed_as_one_batched_program_woul
 
 def test_reconstruction_error_reads_the_latest_filled_ring_slots():
   # A run shorter than the ring leaves its tail empty: the latest transitions are at the front.
-  np.testing.assert_array_equal(experiment.latest_slots(20, 52, count=5), [15, 16, 17, 18, 19])
-  np.testing.assert_array_equal(experiment.latest_slots(10, 8, count=5), [5, 6, 7, 0, 1])
-  np.testing.assert_array_equal(experiment.latest_slots(3, 8, count=5), [0, 1, 2])
+  slots = lambda steps, size: agent.latest_slots(
+      dataclasses.replace(TINY, buffer_size=size), steps, count=5)
+  np.testing.assert_array_equal(slots(20, 52), [15, 16, 17, 18, 19])
+  np.testing.assert_array_equal(slots(10, 8), [5, 6, 7, 0, 1])
+  np.testing.assert_array_equal(slots(3, 8), [0, 1, 2])
   settings = dataclasses.replace(TINY, total_steps=20, buffer_size=52)
   rewards = np.zeros((1, 52, settings.reduction.num_objectives), np.float32)
   rewards[0, :20] = np.random.default_rng(0).normal(size=(20, rewards.shape[-1]))
